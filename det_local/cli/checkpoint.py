@@ -1,0 +1,207 @@
+"""`det-local checkpoint`: list, describe and download a trial's checkpoints.
+
+Also holds the small formatting helpers that the experiment and trial commands share (times,
+sizes, the checkpoints table). Top level imports typer and the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from det_local.store.records import CheckpointRecord
+
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Checkpoints: list, describe, download.",
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+# Determined downloads only these; a DELETED checkpoint has no files left to copy.
+_DOWNLOADABLE = ("COMPLETED", "PARTIALLY_DELETED")
+
+
+# ---------------------------------------------------------------------------- shared formatting
+def fmt_time(ts: float | None) -> str:
+    """A store timestamp as local "YYYY-MM-DD HH:MM:SS" ("" for none)."""
+    if ts is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # unreachable
+
+
+def fmt_value(value: Any) -> str:
+    """A metric or hyperparameter value, compact (floats to 6 significant digits)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def checkpoint_size(ckpt: CheckpointRecord) -> int:
+    return sum(int(v) for v in ckpt.resources.values() if isinstance(v, (int, float)))
+
+
+def checkpoints_table(ckpts: Iterable[CheckpointRecord]) -> str:
+    from det_local.cli.common import table
+
+    rows = [
+        [
+            c.uuid,
+            c.trial_id,
+            c.steps_completed,
+            c.state,
+            fmt_bytes(checkpoint_size(c)),
+            fmt_time(c.created_at),
+        ]
+        for c in ckpts
+    ]
+    return table(["UUID", "Trial", "Steps", "State", "Size", "Created"], rows)
+
+
+# ---------------------------------------------------------------------------- commands
+@app.command("list")
+def list_checkpoints(
+    experiment_id: Annotated[
+        int, typer.Argument(metavar="EXPERIMENT_ID", help="The experiment's id.")
+    ],
+    trial: Annotated[
+        Optional[int], typer.Option("--trial", "-t", help="Only this trial's checkpoints.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List an experiment's checkpoints, oldest first."""
+    from det_local.api import open_store
+    from det_local.cli.common import print_json
+    from det_local.errors import NotFoundError
+
+    store = open_store()
+    store.get_experiment(experiment_id)  # a clear error for an unknown id
+    if trial is not None and store.get_trial(trial).experiment_id != experiment_id:
+        raise NotFoundError(
+            f"trial {trial} is not part of experiment {experiment_id}; "
+            f"`det-local trial list {experiment_id}` shows its trials"
+        )
+    ckpts = store.list_checkpoints(experiment_id=experiment_id, trial_id=trial)
+    if as_json:
+        print_json([c.to_json() for c in ckpts])
+    else:
+        print(checkpoints_table(ckpts))
+
+
+@app.command("describe")
+def describe(
+    uuid: Annotated[str, typer.Argument(metavar="UUID", help="The checkpoint's UUID.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show a checkpoint: its record, metadata and files."""
+    from det_local.api import open_store
+    from det_local.cli.common import print_json, table
+
+    ckpt = open_store().get_checkpoint(uuid)
+    if as_json:
+        print_json(ckpt.to_json())
+        return
+    files = sorted(ckpt.resources.items())
+    lines = [
+        f"Checkpoint {ckpt.uuid}",
+        f"  Experiment: {ckpt.experiment_id}",
+        f"  Trial:      {ckpt.trial_id}",
+        f"  Steps:      {ckpt.steps_completed}",
+        f"  State:      {ckpt.state}",
+        f"  Created:    {fmt_time(ckpt.created_at)}",
+        f"  Path:       {ckpt.path}",
+        f"  Size:       {fmt_bytes(checkpoint_size(ckpt))} in {len(files)} files",
+        "",
+        "Metadata:",
+    ]
+    if ckpt.metadata:
+        lines += [f"  {k}: {fmt_value(v)}" for k, v in sorted(ckpt.metadata.items())]
+    else:
+        lines.append("  (none)")
+    lines += ["", "Files:"]
+    lines.append(table(["Path", "Size"], [[p, fmt_bytes(int(s))] for p, s in files]))
+    print("\n".join(lines))
+
+
+@app.command("download")
+def download(
+    uuid: Annotated[str, typer.Argument(metavar="UUID", help="The checkpoint's UUID.")],
+    output: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--output",
+            "-o",
+            help="Directory to copy it to (default: checkpoints/<uuid> under the current one).",
+        ),
+    ] = None,
+) -> None:
+    """Copy a checkpoint's files to a directory and print its path.
+
+    As with Determined, nothing is copied when the directory already holds a metadata.json."""
+    from det_local.api import open_store
+
+    ckpt = open_store().get_checkpoint(uuid)
+    dest = (output if output is not None else Path("checkpoints") / ckpt.uuid).absolute()
+    _download(ckpt, dest)
+    print(dest)
+
+
+def _download(ckpt: CheckpointRecord, dest: Path) -> None:
+    from det_local.errors import CheckpointError
+
+    where = f"checkpoint {ckpt.uuid} of trial {ckpt.trial_id}"
+    if ckpt.state not in _DOWNLOADABLE:
+        raise CheckpointError(
+            f"{where} is {ckpt.state}; only {' or '.join(_DOWNLOADABLE)} checkpoints can be "
+            f"downloaded: pick another with `det-local checkpoint list {ckpt.experiment_id}`"
+        )
+    if (dest / "metadata.json").exists():
+        return  # already downloaded
+    src = Path(ckpt.path)
+    if not src.is_dir():
+        raise CheckpointError(
+            f"{where}: its files at {src} are gone (deleted or moved outside det-local); "
+            "put them back there, or pick another checkpoint with "
+            f"`det-local checkpoint list {ckpt.experiment_id}`"
+        )
+    try:
+        # metadata.json goes last, so that its presence means a complete copy.
+        shutil.copytree(
+            src,
+            dest,
+            dirs_exist_ok=True,
+            ignore=lambda d, names: ["metadata.json"] if Path(d) == src else [],
+        )
+        partial = dest / f".metadata.json.{os.getpid()}.partial"
+        if (src / "metadata.json").is_file():
+            shutil.copyfile(src / "metadata.json", partial)
+        else:  # as Determined does, write one from the record
+            partial.write_text(json.dumps(ckpt.metadata, indent=2, sort_keys=True) + "\n")
+        os.replace(partial, dest / "metadata.json")
+    except OSError as err:
+        raise CheckpointError(
+            f"{where}: copying {src} to {dest} failed: {err}; "
+            "free some space or choose another directory with --output"
+        ) from err

@@ -1,0 +1,183 @@
+"""`det-local experiment`: list and describe experiments; pause, activate, kill, label them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.trial import trials_table
+
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Experiments: list, describe, pause, activate, kill, label.",
+)
+label_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Add or remove an experiment's labels."
+)
+app.add_typer(label_app, name="label")
+
+ExperimentId = Annotated[int, typer.Argument(metavar="EXPERIMENT_ID", help="The experiment's id.")]
+
+
+# ---------------------------------------------------------------------------- reads
+@app.command("list")
+def list_experiments(
+    all_users: Annotated[
+        bool, typer.Option("--all", "-a", help="Every user's experiments, not only yours.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """List experiments (yours unless --all), oldest first."""
+    from det_local.api import open_store
+    from det_local.cli.common import print_json, table
+    from det_local.store.db import current_user
+
+    exps = open_store().list_experiments()  # one query; configs are not loaded
+    if not all_users:
+        user = current_user()
+        exps = [e for e in exps if e.user == user]
+    if as_json:
+        print_json([e.to_json() for e in exps])
+        return
+    rows = [
+        [
+            e.id,
+            e.name,
+            e.state.value,
+            _fmt_progress(e.progress),
+            ",".join(e.labels),
+            e.user,
+            fmt_time(e.created_at),
+            fmt_time(e.ended_at),
+        ]
+        for e in exps
+    ]
+    headers = ["ID", "Name", "State", "Progress", "Labels", "User", "Started", "Ended"]
+    print(table(headers, rows))
+
+
+@app.command("describe")
+def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
+    """Show an experiment, its trials and its checkpoints."""
+    from det_local.api import open_store
+    from det_local.cli.common import print_json
+
+    store = open_store()
+    exp = store.get_experiment(experiment_id)
+    trials = store.list_trials(experiment_id)
+    ckpts = store.list_checkpoints(experiment_id=experiment_id)
+    if as_json:
+        print_json(
+            {
+                "experiment": exp.to_json(),
+                "trials": [t.to_json() for t in trials],
+                "checkpoints": [c.to_json() for c in ckpts],
+            }
+        )
+        return
+    cfg = exp.config
+    fields: list[tuple[str, Any]] = [
+        ("State", exp.state.value),
+        ("Progress", _fmt_progress(exp.progress)),
+        ("Labels", ", ".join(exp.labels)),
+        ("Description", exp.description or ""),
+        ("Message", exp.message or ""),
+        ("User", exp.user),
+        ("Started", fmt_time(exp.created_at)),
+        ("Ended", fmt_time(exp.ended_at)),
+        ("Searcher", _fmt_searcher(cfg.get("searcher"))),
+        ("Entrypoint", _fmt_entrypoint(cfg.get("entrypoint"))),
+        ("Slots/trial", _slots(cfg)),
+        ("Context", exp.context_dir),
+    ]
+    lines = [f"Experiment {exp.id}: {exp.name}"]
+    lines += [f"  {k + ':':<13}{v}".rstrip() for k, v in fields]
+    lines += ["", "Trials:", trials_table(store, trials)]
+    lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
+    print("\n".join(lines))
+
+
+def _fmt_progress(progress: float | None) -> str:
+    if progress is None or progress != progress:  # NaN
+        return ""
+    return f"{progress * 100:.1f}%"
+
+
+def _fmt_length(length: Any) -> str:
+    if isinstance(length, dict) and len(length) == 1:
+        unit, n = next(iter(length.items()))
+        return f"{n} {unit}"
+    return fmt_value(length)
+
+
+def _fmt_searcher(searcher: Any) -> str:
+    if not isinstance(searcher, dict):
+        return "" if searcher is None else fmt_value(searcher)
+    parts = []
+    if "metric" in searcher:
+        better = "smaller" if searcher.get("smaller_is_better", True) else "larger"
+        parts.append(f"metric {searcher['metric']}, {better} is better")
+    for key in ("max_length", "max_trials", "max_concurrent_trials"):
+        if searcher.get(key) is not None:
+            parts.append(f"{key} {_fmt_length(searcher[key])}")
+    name = str(searcher.get("name", "?"))
+    return f"{name} ({'; '.join(parts)})" if parts else name
+
+
+def _fmt_entrypoint(entrypoint: Any) -> str:
+    if isinstance(entrypoint, list):
+        return " ".join(str(a) for a in entrypoint)
+    return "" if entrypoint is None else str(entrypoint)
+
+
+def _slots(cfg: dict[str, Any]) -> Any:
+    resources = cfg.get("resources")
+    if isinstance(resources, dict) and resources.get("slots_per_trial") is not None:
+        return resources["slots_per_trial"]
+    return 1  # Determined's default
+
+
+# ---------------------------------------------------------------------------- changes
+def _control(experiment_id: int, action: str, **fields: object) -> None:
+    from det_local.api import control
+
+    print(control(experiment_id, action, **fields))
+
+
+@app.command("pause")
+def pause(experiment_id: ExperimentId) -> None:
+    """Pause an experiment: its trials checkpoint and stop; `activate` resumes them."""
+    _control(experiment_id, "pause")
+
+
+@app.command("activate")
+def activate(experiment_id: ExperimentId) -> None:
+    """Resume a paused experiment."""
+    _control(experiment_id, "activate")
+
+
+@app.command("kill")
+def kill(experiment_id: ExperimentId) -> None:
+    """Stop an experiment's trials now, without a checkpoint; it ends CANCELED."""
+    _control(experiment_id, "kill")
+
+
+@label_app.command("add")
+def label_add(
+    experiment_id: ExperimentId,
+    label: Annotated[str, typer.Argument(metavar="LABEL", help="The label to add.")],
+) -> None:
+    """Add a label to an experiment."""
+    _control(experiment_id, "label_add", label=label)
+
+
+@label_app.command("remove")
+def label_remove(
+    experiment_id: ExperimentId,
+    label: Annotated[str, typer.Argument(metavar="LABEL", help="The label to remove.")],
+) -> None:
+    """Remove a label from an experiment."""
+    _control(experiment_id, "label_remove", label=label)

@@ -1,0 +1,26 @@
+"""`det-local run CONFIG CONTEXT`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def run_command(
+    config: Path = typer.Argument(..., help="Experiment config (Determined's YAML format)."),
+    context: Path = typer.Argument(..., help="Context directory: the code the trials run."),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Submit to the running daemon and return at once."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the trials' output."),
+) -> None:
+    """Run an experiment: prints its id, streams the trials' output, ends with a summary.
+
+    Exit status: 0 COMPLETED, 1 ERROR, 2 CANCELED, 3 PAUSED. Ctrl-C pauses (the trials
+    checkpoint); `det-local experiment activate ID` resumes."""
+    from det_local import api
+
+    code = api.run(config, context, follow=not detach, quiet=quiet)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,34 @@
+"""Did-you-mean suggestions for misspelt keys and values."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def closest(
+    word: object, candidates: Iterable[str], aliases: dict[str, str] | None = None
+) -> str | None:
+    """The candidate closest to `word` (case-insensitive), or None if nothing is close enough."""
+    if not isinstance(word, str):
+        return None
+    options = sorted(set(candidates))
+    lowered = word.strip().lower().replace("-", "_")
+    if aliases and lowered in aliases:
+        return aliases[lowered]
+    for option in options:
+        if option.lower() == lowered:
+            return option
+    matches = difflib.get_close_matches(lowered, options, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(
+    word: object, candidates: Iterable[str], aliases: dict[str, str] | None = None
+) -> str:
+    """`"; did you mean 'x'?"` or `" (valid: a, b, c)"`, ready to append to a message."""
+    options = sorted(set(candidates))
+    guess = closest(word, options, aliases)
+    if guess is not None:
+        return f"; did you mean '{guess}'?"
+    return f" (valid: {', '.join(options)})"

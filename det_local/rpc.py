@@ -1,0 +1,79 @@
+"""msgpack framing and the message types spoken between trials and the daemon.
+
+A frame is a 4-byte big-endian length followed by one msgpack map. Every map has a ``t`` key
+naming its type. Requests that expect an answer carry ``id``; the answer is a ``reply`` frame
+with the same ``id`` and either ``value`` or ``error`` (a one-line message).
+
+Trial -> daemon
+    hello        {token, trial_id, run_id, rank}                 (request) first frame
+    metrics      {reports: [[group, steps_completed, metrics, time, batch_metrics], ...]}
+    progress     {progress}
+    checkpoint   {uuid, steps_completed, metadata, resources}    (request) durable on reply
+    ckpt_delete  {uuid}                                          (request)
+    ckpt_get     {uuid}                                          (request) -> record or None
+    early_exit   {reason}                                        (request)
+    best_val     {}                                              (request) -> float | None
+    op_next      {}                                              (request) -> {length, done}
+    op_done      {length, metric}                                (request)
+    preempt_ack  {}                                              (request)
+    bye          {}                                              trial finished its reporting
+
+Daemon -> trial
+    reply        {id, value | error}
+    preempt      {}                                              should_preempt() turns True
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+import msgpack
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class FrameError(Exception):
+    """A peer sent something that is not a det-local frame."""
+
+
+def pack(msg: dict[str, Any]) -> bytes:
+    body = msgpack.packb(msg, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def unpack(body: bytes) -> dict[str, Any]:
+    msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    if not isinstance(msg, dict) or "t" not in msg:
+        raise FrameError("frame is not a message map with a 't' key")
+    return msg
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(sock: socket.socket) -> dict[str, Any] | None:
+    """Blocking read of one frame; None when the peer closed the connection."""
+    head = _recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    (size,) = HEADER.unpack(head)
+    if size > MAX_FRAME:
+        raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME} byte limit")
+    body = _recv_exact(sock, size)
+    if body is None:
+        return None
+    return unpack(body)
+
+
+def send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    sock.sendall(pack(msg))

@@ -1,0 +1,140 @@
+"""`det-local run` with no daemon: an engine in this process for the life of the run.
+
+If an engine already runs on this DET_LOCAL_HOME (another `det-local run`, or the daemon), the
+experiment is submitted to it instead, and this process only follows its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from det_local.sched.follow import Follower, summary
+from det_local.store.paths import Paths
+from det_local.store.states import State
+
+EXIT_CODES = {State.COMPLETED: 0, State.ERROR: 1, State.CANCELED: 2, State.PAUSED: 3}
+
+
+class EngineLock:
+    """An flock on run/engine.lock: held by whichever process runs this home's engine."""
+
+    def __init__(self, paths: Paths) -> None:
+        paths.ensure()
+        self.path = paths.run_dir / "engine.lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def try_acquire(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"{os.getpid()}\n".encode())
+        return True
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def run_experiment(
+    paths: Paths, config_path: Path, context_dir: Path, *, follow: bool = True, quiet: bool = False
+) -> int:
+    from det_local.config import load_config
+
+    cfg = load_config(config_path)
+    context_dir = context_dir.resolve()
+    source = str(config_path)
+
+    def act(engine: Any) -> int:
+        return int(engine.submit(cfg, context_dir, source))
+
+    def remote(client: Any) -> int:
+        return int(
+            client.request("submit", config=cfg.to_dict(), context=str(context_dir), source=source)
+        )
+
+    return drive(paths, act, remote, follow=follow, quiet=quiet, announce=True)
+
+
+def drive(
+    paths: Paths,
+    act: Callable[[Any], int],
+    remote: Callable[[Any], int],
+    *,
+    follow: bool,
+    quiet: bool = False,
+    announce: bool = False,
+) -> int:
+    """Run `act(engine)` in an embedded engine (or `remote(client)` against a live one), then
+    follow the experiment it names until it stops; returns the exit code for its final state."""
+    from det_local.sched.control import ControlClient
+
+    lock = EngineLock(paths)
+    if not lock.try_acquire():
+        lock.release()
+        client = ControlClient.connect(paths)
+        exp_id = remote(client)
+        if announce:
+            print(f"Created experiment {exp_id}", flush=True)
+        if not follow:
+            return 0
+        return _follow_remote(paths, exp_id, quiet)
+    try:
+        return asyncio.run(_embedded(paths, act, follow, quiet, announce))
+    finally:
+        lock.release()
+
+
+async def _embedded(
+    paths: Paths, act: Callable[[Any], int], follow: bool, quiet: bool, announce: bool
+) -> int:
+    from det_local.sched.engine import Engine, install_interrupt
+
+    engine = Engine(paths)
+    await engine.start()
+    started = time.time()
+    try:
+        exp_id = act(engine)
+        if announce:
+            print(f"Created experiment {exp_id}", flush=True)
+        install_interrupt(engine)
+        follower = Follower(engine.store, paths, exp_id, sys.stdout if not quiet else None)
+        task = asyncio.create_task(follower.run(poll=0.05))
+        await engine.wait_idle()
+        follower.stop()
+        await task
+        rec = engine.store.get_experiment(exp_id)
+        print(summary(engine.store, exp_id, time.time() - started), flush=True)
+        return EXIT_CODES.get(rec.state, 1)
+    finally:
+        await engine.stop()
+
+
+def _follow_remote(paths: Paths, exp_id: int, quiet: bool) -> int:
+    from det_local.store.db import Store
+
+    store = Store(paths.db, readonly=True)
+    follower = Follower(store, paths, exp_id, sys.stdout if not quiet else None)
+    started = time.time()
+
+    async def go() -> None:
+        await follower.run(poll=0.1, until_stopped=True)
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following; experiment {exp_id} goes on "
+            f"(`det-local experiment pause {exp_id}` to pause it)",
+            file=sys.stderr,
+        )
+        return 0
+    print(summary(store, exp_id, time.time() - started), flush=True)
+    return EXIT_CODES.get(store.get_experiment(exp_id).state, 1)

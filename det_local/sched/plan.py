@@ -1,0 +1,172 @@
+"""Launch plans: everything needed to start one run of a trial, as plain data.
+
+``config check`` prints a plan and tests assert on it; ``executor.spawn`` carries it out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import det_local
+from det_local.errors import ConfigError, NotSupportedYet
+
+LEGACY_TRIAL = re.compile(r"^[a-zA-Z0-9_.]+:[a-zA-Z0-9_]+$")
+HOOK = "startup-hook.sh"
+_PACKAGE_PARENT = str(Path(det_local.__file__).resolve().parent.parent)
+COMPAT_DIR = str(Path(det_local.__file__).resolve().parent / "compat")
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    user: str
+    slots: list[int]
+    log_path: str
+    info_dir: str
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def env_delta(self) -> dict[str, str]:
+        """The variables det-local sets (what `config check` shows), without the inherited ones."""
+        return {k: v for k, v in self.env.items() if os.environ.get(k) != v}
+
+
+def entrypoint_argv(entrypoint: str | list[str], context_dir: Path) -> list[str]:
+    """argv for an entrypoint: strings run through a shell, lists are exec'd; the context's
+    startup-hook.sh is sourced first, in the same shell."""
+    if isinstance(entrypoint, str) and LEGACY_TRIAL.match(entrypoint.strip()):
+        raise NotSupportedYet(
+            f"entrypoint '{entrypoint}' names a Trial class; Trial-class entrypoints are not "
+            "supported by this det-local version yet; use a script entrypoint such as "
+            "'python3 train.py'"
+        )
+    text = entrypoint if isinstance(entrypoint, str) else " ".join(entrypoint)
+    if "determined.launch." in text or "det_local.launch." in text:
+        raise NotSupportedYet(
+            f"entrypoint '{text}' uses a launcher; launchers (torch_distributed, deepspeed, "
+            "horovod) are not supported by this det-local version yet; run the script directly"
+        )
+    has_hook = (context_dir / HOOK).is_file()
+    if isinstance(entrypoint, list):
+        if not has_hook:
+            return list(entrypoint)
+        return ["bash", "-c", f'. ./{HOOK} || exit $?\nexec "$@"', "det-local-trial", *entrypoint]
+    if not has_hook:
+        return ["sh", "-c", entrypoint]
+    return ["bash", "-c", f". ./{HOOK} || exit $?\n{entrypoint}"]
+
+
+def check_entrypoint(entrypoint: str | list[str] | None, context_dir: Path, source: str) -> None:
+    """Fail at submission for an entrypoint that cannot start (missing program or script)."""
+    if not entrypoint:
+        raise ConfigError(
+            f"entrypoint is missing in {source}: add e.g. 'entrypoint: python3 train.py'"
+        )
+    words = shlex.split(entrypoint) if isinstance(entrypoint, str) else list(entrypoint)
+    if not words:
+        raise ConfigError(
+            f"entrypoint in {source} is empty: add e.g. 'entrypoint: python3 train.py'"
+        )
+    # skip leading VAR=value assignments and common wrappers
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        words = words[1:]
+    if not words:
+        return
+    program = words[0]
+    if "/" in program:
+        target = context_dir / program if not os.path.isabs(program) else Path(program)
+        if not target.exists():
+            raise ConfigError(
+                f"entrypoint in {source}: '{program}' does not exist in the context directory "
+                f"{context_dir}; check the path or the CONTEXT argument"
+            )
+    elif shutil.which(program) is None and not (context_dir / HOOK).is_file():
+        raise ConfigError(
+            f"entrypoint in {source}: program '{program}' was not found on PATH; install it or "
+            "fix the entrypoint"
+        )
+    if re.match(r"^python[0-9.]*$", os.path.basename(program)) and len(words) > 1:
+        script = next((w for w in words[1:] if not w.startswith("-")), None)
+        if words[1] in ("-m", "-c") or script is None:
+            return
+        if not (context_dir / script).exists() and not os.path.isabs(script):
+            raise ConfigError(
+                f"entrypoint in {source}: script '{script}' is not in the context directory "
+                f"{context_dir}; check the entrypoint or the CONTEXT argument"
+            )
+
+
+def trial_env(
+    *,
+    base: dict[str, str],
+    experiment_id: int,
+    trial_id: int,
+    run_id: int,
+    seed: int,
+    hparams: dict[str, Any],
+    config: dict[str, Any],
+    steps_completed: int,
+    latest_checkpoint: str | None,
+    slots: list[int],
+    socket_path: str,
+    token: str,
+    info_dir: str,
+    checkpoint_dir: str,
+    user: str,
+    extra: list[str],
+) -> dict[str, str]:
+    env = dict(base)
+    allocation = f"{experiment_id}.{trial_id}.{run_id}"
+    exe_dir = os.path.dirname(sys.executable)
+    env["PATH"] = exe_dir + os.pathsep + env.get("PATH", os.defpath)
+    pythonpath = [COMPAT_DIR, _PACKAGE_PARENT]
+    if env.get("PYTHONPATH"):
+        pythonpath.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(
+        {
+            "DET_LOCAL_SOCKET": socket_path,
+            "DET_LOCAL_TOKEN": token,
+            "DET_LOCAL_INFO_DIR": info_dir,
+            "DET_LOCAL_CHECKPOINT_DIR": checkpoint_dir,
+            "DET_LOCAL_TENSORBOARD_DIR": os.path.join(info_dir, "tensorboard"),
+            "DET_MASTER": "unix://" + socket_path,
+            "DET_CLUSTER_ID": "det-local",
+            "DET_AGENT_ID": socket.gethostname(),
+            "DET_USER": user,
+            "DET_TASK_TYPE": "TRIAL",
+            "DET_TASK_ID": f"{experiment_id}.{trial_id}",
+            "DET_ALLOCATION_ID": allocation,
+            "DET_EXPERIMENT_ID": str(experiment_id),
+            "DET_TRIAL_ID": str(trial_id),
+            "DET_TRIAL_RUN_ID": str(run_id),
+            "DET_TRIAL_SEED": str(seed),
+            "DET_HPARAMS": json.dumps(hparams),
+            "DET_EXPERIMENT_CONFIG": json.dumps(config),
+            "DET_STEPS_COMPLETED": str(steps_completed),
+            "DET_SLOT_IDS": json.dumps(slots),
+        }
+    )
+    if latest_checkpoint:
+        env["DET_LATEST_CHECKPOINT"] = latest_checkpoint
+    else:
+        env.pop("DET_LATEST_CHECKPOINT", None)
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if sep:
+            env[key] = value
+    return env

@@ -1,0 +1,87 @@
+"""Every on-disk location det-local uses. Nothing else joins paths under DET_LOCAL_HOME."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# AF_UNIX paths are limited to 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 100
+
+
+def default_home() -> Path:
+    """DET_LOCAL_HOME, else /var/lib/det-local for root, else $XDG_DATA_HOME/det-local."""
+    env = os.environ.get("DET_LOCAL_HOME")
+    if env:
+        return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/lib/det-local")
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return Path(xdg) / "det-local"
+
+
+@dataclass(frozen=True)
+class Paths:
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        return cls(default_home())
+
+    # -- top level -------------------------------------------------------------------------
+    @property
+    def db(self) -> Path:
+        return self.home / "det-local.db"
+
+    @property
+    def queue(self) -> Path:
+        return self.home / "queue"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "daemon.pid"
+
+    @property
+    def socket(self) -> Path:
+        """The daemon's unix socket; moved to a short /tmp path when the home is too deep."""
+        path = self.run_dir / "daemon.sock"
+        if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
+            return path
+        digest = hashlib.sha1(os.fsencode(str(self.home))).hexdigest()[:16]
+        return Path("/tmp") / f"det-local-{os.geteuid()}-{digest}.sock"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Default checkpoint storage (a config's checkpoint_storage overrides it)."""
+        return self.home / "checkpoints"
+
+    # -- per experiment / trial -------------------------------------------------------------
+    def experiment_dir(self, experiment_id: int) -> Path:
+        return self.home / "experiments" / str(experiment_id)
+
+    def context_dir(self, experiment_id: int) -> Path:
+        return self.experiment_dir(experiment_id) / "context"
+
+    def trial_dir(self, experiment_id: int, trial_id: int) -> Path:
+        return self.experiment_dir(experiment_id) / "trials" / str(trial_id)
+
+    def trial_log(self, experiment_id: int, trial_id: int) -> Path:
+        """The trial's combined output (every run appends; ranks are prefixed `[rank=N] `)."""
+        return self.trial_dir(experiment_id, trial_id) / "output.log"
+
+    def trial_info_dir(self, experiment_id: int, trial_id: int, run_id: int) -> Path:
+        """cluster.json / trial.json for one run of a trial (what get_cluster_info() reads)."""
+        return self.trial_dir(experiment_id, trial_id) / "runs" / str(run_id)
+
+    def ensure(self) -> Paths:
+        for d in (self.home, self.queue, self.run_dir, self.checkpoints):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
