@@ -3,7 +3,6 @@ populated with the writer Store in a temporary DET_LOCAL_HOME."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
@@ -30,27 +29,9 @@ from det_local.store.states import State
 TIMEOUT_S = 20.0
 TIME_RE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
-_GROUP_MODULE = {"experiment": "experiment", "e": "experiment", "trial": "trial", "t": "trial"}
-_GROUP_MODULE["checkpoint"] = "checkpoint"
-
-
-def _main_ready() -> bool:
-    """det_local.cli.main imports run.py and config.py; until both exist the sub-apps run
-    through the same run_cli in their own process instead."""
-    return all(
-        importlib.util.find_spec(f"det_local.cli.{m}") is not None for m in ("run", "config")
-    )
-
 
 def _argv(args: list[str]) -> list[str]:
-    if _main_ready():
-        return [sys.executable, "-m", "det_local.cli.main", *args]
-    module = _GROUP_MODULE[args[0]]
-    code = (
-        "import sys; from det_local.cli.common import run_cli; "
-        f"from det_local.cli.{module} import app; sys.exit(run_cli(app))"
-    )
-    return [sys.executable, "-c", code, *args[1:]]
+    return [sys.executable, "-m", "det_local.cli.main", *args]
 
 
 @dataclass

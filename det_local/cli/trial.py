@@ -155,7 +155,7 @@ def describe(
     for title, rec in (("training", training), ("validation", validation)):
         lines += ["", *_metrics_block(title, rec)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
-    print("\n".join(lines).rstrip())
+    print("\n".join(ln.rstrip() for ln in lines))
 
 
 def _metrics_block(title: str, rec: MetricRecord | None) -> list[str]:

@@ -25,7 +25,7 @@ SPEC: fields.Spec = {
     "agent_label": fields.str_(),
 }
 
-_SHM_RE = re.compile(r"^(?P<num>([0-9]*[.])?[0-9]+) ?(?P<unit>([kmgtpKMGTP]([iI]?[bB])?)|[bB])?$")
+_SHM_RE = re.compile(r"^(?P<num>([0-9]*[.])?[0-9]+) ?(?P<unit>[kmgtpKMGTP][iI]?[bB]?|[bB])?$")
 _DEVICE_RE = re.compile(r"^/[^:]*:/[^:]*(:[rwm]*)?$")
 _DEVICE_FIELDS = ("host_path", "container_path", "mode")
 
@@ -61,7 +61,9 @@ class ResourcesConfig:
 
 
 def memory_bytes(size: int | str) -> int:
-    """`"4G"`, `"1.5Gi"`, `"512 MB"`, 1024 -> bytes (binary multiples, as Docker's RAMInBytes)."""
+    """`"4G"`, `"1.5Gi"`, `"512 MB"`, 1024 -> bytes (binary multiples, as Docker's RAMInBytes).
+
+    Determined's schema pattern wants a `b` after `i` ("1.5GiB"); "1.5Gi" is accepted too."""
     if isinstance(size, int):
         return size
     m = _SHM_RE.match(size)

@@ -20,7 +20,14 @@ def closest(
         if option.lower() == lowered:
             return option
     matches = difflib.get_close_matches(lowered, options, n=1, cutoff=0.6)
-    return matches[0] if matches else None
+    if matches:
+        return matches[0]
+    # `seed` -> `experiment_seed`: a unique option that contains the word (or is contained).
+    if len(lowered) >= 3:
+        containing = [o for o in options if lowered in o.lower() or o.lower() in lowered]
+        if len(containing) == 1:
+            return containing[0]
+    return None
 
 
 def did_you_mean(

@@ -51,7 +51,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         "plan": {
             "trials": len(creates) if cfg.searcher.name != "single" else 1,
             "slots_per_trial": cfg.resources.slots_per_trial,
-            "argv": entrypoint_argv(cfg.entrypoint, context),
+            "argv": entrypoint_argv(cfg.entrypoint or "", context),
             "cwd": "<snapshot of " + str(context) + ">",
             "hparams": first.hparams,
             "seed": first.seed,

@@ -1,0 +1,12 @@
+test:
+	python -m pytest -q
+
+lint:
+	ruff check det_local tests bench examples
+	ruff format --check det_local tests bench examples
+	mypy det_local
+
+bench:
+	python bench/cli_startup.py
+	python bench/run_overhead.py
+	python bench/metrics_rate.py
