@@ -14,13 +14,14 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import det_local_cmd  # bench/ is on sys.path when run as a script
 
 
 def populate(home: Path, n: int) -> None:
@@ -80,12 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = max(5, args.runs)
 
-    if args.cli:
-        cli = shlex.split(args.cli)
-    elif script := shutil.which("det-local"):
-        cli = [script]
-    else:
-        cli = [sys.executable, "-m", "det_local.cli.main"]
+    cli = shlex.split(args.cli) if args.cli else det_local_cmd()
 
     with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
         home = Path(tmp) / "home"

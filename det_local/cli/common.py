@@ -21,34 +21,35 @@ def run_cli(app: typer.Typer) -> int:
         argv.remove("--debug")
         os.environ[DEBUG_ENV] = "1"
     try:
-        app(args=argv, prog_name="det-local", standalone_mode=False)
+        rc = app(args=argv, prog_name="det-local", standalone_mode=False)
     except DetLocalError as err:
         if os.environ.get(DEBUG_ENV):
             raise
         if str(err):
             print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except typer.Exit as ex:
-        return int(ex.exit_code or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as err:  # click usage errors and the like
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            return err.exit_code
-        if isinstance(err, click.exceptions.Abort):
+    except Exception as err:
+        # click's (or typer's bundled click's) usage errors, Exit and Abort, by shape: typer may
+        # ship its own copy of click, so isinstance checks against `click` can miss them.
+        name = type(err).__name__
+        if name == "Exit":
+            return int(getattr(err, "exit_code", 0) or 0)
+        if name == "Abort":
             return 130
+        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
+            err.show()
+            return int(err.exit_code)
         if os.environ.get(DEBUG_ENV):
             raise
         print(
-            f"error: unexpected {type(err).__name__}: {err} (run again with --debug for the "
+            f"error: unexpected {name}: {err} (run again with --debug for the "
             "traceback and report it)",
             file=sys.stderr,
         )
         return 1
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def print_json(value: Any) -> None:

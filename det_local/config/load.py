@@ -74,8 +74,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
         if key in seen:
             first = seen[key].start_mark
             raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
+                None,
+                None,
                 f"found duplicate key {key!r} (first defined on line {first.line + 1})",
                 key_node.start_mark,
             )
@@ -102,7 +102,13 @@ def _yaml_message(err: yaml.MarkedYAMLError, source: str) -> str:
     mark = err.problem_mark or err.context_mark
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
     problem = err.problem or "syntax error"
-    context = f" ({err.context})" if err.context and err.problem else ""
+    context = ""
+    if err.context and err.problem:
+        started = err.context_mark
+        if started is not None and mark is not None and started.line != mark.line:
+            context = f" ({err.context} that starts on line {started.line + 1})"
+        else:
+            context = f" ({err.context})"
     if "duplicate key" in problem:
         todo = "remove one of them"
     elif "\\t" in problem or "tab" in problem:

@@ -19,7 +19,7 @@ def closest(
     for option in options:
         if option.lower() == lowered:
             return option
-    matches = difflib.get_close_matches(lowered, options, n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(lowered, options, n=1, cutoff=0.7)
     if matches:
         return matches[0]
     # `seed` -> `experiment_seed`: a unique option that contains the word (or is contained).

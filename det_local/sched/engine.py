@@ -25,7 +25,13 @@ from typing import Any
 from det_local.errors import CheckpointError, DetLocalError, NotFoundError, StateError
 from det_local.sched import executor
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
-from det_local.sched.plan import LaunchPlan, check_entrypoint, entrypoint_argv, trial_env
+from det_local.sched.plan import (
+    LaunchPlan,
+    check_entrypoint,
+    config_env_vars,
+    entrypoint_argv,
+    trial_env,
+)
 from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
@@ -300,9 +306,6 @@ class Engine:
             user_data=config.get("data") or {},
         )
         info._to_files(info_dir)
-        env_vars = (config.get("environment") or {}).get("environment_variables") or []
-        if isinstance(env_vars, dict):
-            env_vars = env_vars.get("cpu") or []
         plan = LaunchPlan(
             argv=entrypoint_argv(config["entrypoint"], context),
             env=trial_env(
@@ -321,7 +324,7 @@ class Engine:
                 info_dir=str(info_dir),
                 checkpoint_dir=str(exp.checkpoint_dir),
                 user=self.user,
-                extra=list(env_vars),
+                extra=config_env_vars(config),
             ),
             cwd=str(context),
             user=self.user,
@@ -719,10 +722,11 @@ class Engine:
         self.store.add_metrics(run.trial_id, run.run_id, reports)
         metric = exp.config.searcher.metric
         sign = 1.0 if exp.config.searcher.smaller_is_better else -1.0
-        for group, steps, metrics, _t, _b in reports:
+        if reports:
+            self.store.set_trial_steps(run.trial_id, max(int(r[1]) for r in reports))
+        for group, _steps, metrics, _t, _b in reports:
             if group != "validation":
                 continue
-            self.store.set_trial_steps(run.trial_id, int(steps))
             value = metrics.get(metric)
             if (
                 isinstance(value, (int, float))

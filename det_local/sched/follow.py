@@ -87,9 +87,14 @@ def _fmt(value: Any) -> str:
 def summary(store: Store, experiment_id: int, elapsed: float) -> str:
     rec = store.get_experiment(experiment_id)
     lines = [f"Experiment {experiment_id} ({rec.name}) {rec.state.value} after {elapsed:.1f}s"]
-    if rec.message and rec.state != State.COMPLETED:
+    trials = store.list_trials(experiment_id)
+    if (
+        rec.message
+        and rec.state != State.COMPLETED
+        and all(t.message != rec.message for t in trials)
+    ):
         lines.append(f"  {rec.message}")
-    for t in store.list_trials(experiment_id):
+    for t in trials:
         lines.append(
             f"  trial {t.id}: {t.state.value}, steps_completed={t.steps_completed}"
             + (f", restarts={t.restarts}" if t.restarts else "")

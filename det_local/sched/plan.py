@@ -170,3 +170,11 @@ def trial_env(
         if sep:
             env[key] = value
     return env
+
+
+def config_env_vars(config: dict[str, Any]) -> list[str]:
+    """environment.environment_variables for a CPU/GPU-agnostic local run, as K=V strings."""
+    env_vars = (config.get("environment") or {}).get("environment_variables") or []
+    if isinstance(env_vars, dict):
+        env_vars = env_vars.get("cuda") or env_vars.get("cpu") or []
+    return [str(v) for v in env_vars]

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from det_local.sched.plan import check_entrypoint, entrypoint_argv, trial_env
+from det_local.sched.plan import check_entrypoint, config_env_vars, entrypoint_argv, trial_env
 from det_local.store.paths import Paths
 
 
@@ -43,7 +43,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         info_dir=str(paths.trial_info_dir(0, 0, 1)),
         checkpoint_dir=str(paths.checkpoints),
         user="<you>",
-        extra=[],
+        extra=config_env_vars(config),
     )
     delta = {k: v for k, v in env.items() if os.environ.get(k) != v}
     return {

@@ -14,6 +14,10 @@ from det_local.trial import (
     import_from_path,
 )
 
+# Determined's package imports its Core API eagerly: the tutorials call `det.core.init()` after a
+# bare `import determined as det`.
+from . import core
+
 __all__ = [
     "LOG_FORMAT",
     "ClusterInfo",
@@ -22,6 +26,7 @@ __all__ = [
     "ResourcesInfo",
     "TrialInfo",
     "__version__",
+    "core",
     "get_cluster_info",
     "import_from_path",
 ]

@@ -1,0 +1,308 @@
+"""Shared fixtures for the tests that run det-local for real.
+
+Every test gets its own DET_LOCAL_HOME (through the environment, so the CLI subprocesses and
+anything the test opens in-process agree on it). The helpers start the real CLI as a subprocess
+(`python -m det_local.cli.main ...`), write small context directories, and wait with bounded
+polling: nothing here sleeps for a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import psutil
+import pytest
+import yaml
+
+from det_local.store.db import Store
+from det_local.store.paths import Paths
+
+REPO = Path(__file__).resolve().parent.parent
+COMPAT = REPO / "det_local" / "compat"
+CLI_TIMEOUT = 60.0
+TRAINER = Path(__file__).resolve().parent / "fixtures" / "trainer.py"
+
+T = TypeVar("T")
+
+# Variables a trial inherits from det-local; a test process must not leak them into a CLI.
+_TRIAL_VARS = ("DET_LOCAL_SOCKET", "DET_LOCAL_TOKEN", "DET_LOCAL_INFO_DIR", "DET_LOCAL_DEBUG")
+
+
+class Result(NamedTuple):
+    rc: int
+    out: str
+    err: str
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll `predicate` until it returns something truthy (returned); fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@dataclass
+class Env:
+    """One test's det-local world: its home, the environment for CLI subprocesses, helpers."""
+
+    home: Path
+    tmp: Path
+    env: dict[str, str]
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.home)
+
+    # ------------------------------------------------------------------ CLI
+    def argv(self, *args: Any) -> list[str]:
+        return [sys.executable, "-m", "det_local.cli.main", *(str(a) for a in args)]
+
+    def det(self, *args: Any, timeout: float = CLI_TIMEOUT, cwd: Path | None = None) -> Result:
+        """Run `det-local ARGS...` to its end; returns (rc, stdout, stderr)."""
+        try:
+            p = subprocess.run(
+                self.argv(*args),
+                env=self.env,
+                cwd=cwd or self.tmp,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(
+                f"det-local {' '.join(map(str, args))} ran over {timeout}s; "
+                f"stdout: {err.stdout!r} stderr: {err.stderr!r}"
+            ) from None
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def start(self, *args: Any, cwd: Path | None = None) -> Proc:
+        """Start `det-local ARGS...` in the background; output goes to files (no pipe stalls)."""
+        n = len(list(self.tmp.glob("proc-*.out")))
+        out = self.tmp / f"proc-{n}.out"
+        err = self.tmp / f"proc-{n}.err"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            popen = subprocess.Popen(
+                self.argv(*args),
+                env=self.env,
+                cwd=cwd or self.tmp,
+                stdout=o,
+                stderr=e,
+                stdin=subprocess.DEVNULL,
+            )
+        return Proc(popen, out, err)
+
+    def json(self, *args: Any) -> Any:
+        r = self.det(*args, "--json")
+        assert r.rc == 0, r
+        return json.loads(r.out)
+
+    # ------------------------------------------------------------------ store
+    def store(self) -> Store:
+        """A read-only view of the store (waits for the database to exist)."""
+        db = self.paths.db
+        wait_for(db.exists, what=f"{db} to exist")
+        return Store(db, readonly=True)
+
+    def experiment(self, exp_id: int) -> Any:
+        with _closing(self.store()) as s:
+            return s.get_experiment(exp_id)
+
+    def trials(self, exp_id: int) -> list[Any]:
+        with _closing(self.store()) as s:
+            return s.list_trials(exp_id)
+
+    def trial(self, exp_id: int) -> Any:
+        trials = self.trials(exp_id)
+        assert len(trials) == 1, trials
+        return trials[0]
+
+    def metrics(self, trial_id: int, group: str | None = None) -> list[Any]:
+        with _closing(self.store()) as s:
+            return s.list_metrics(trial_id, group)
+
+    def checkpoints(self, trial_id: int) -> list[Any]:
+        with _closing(self.store()) as s:
+            return s.list_checkpoints(trial_id=trial_id)
+
+    def events(self, exp_id: int) -> list[str]:
+        with _closing(self.store()) as s:
+            return [e[3] for e in s.list_events(exp_id)]
+
+    def log(self, exp_id: int, trial_id: int) -> str:
+        path = self.paths.trial_log(exp_id, trial_id)
+        return path.read_text() if path.exists() else ""
+
+    # ------------------------------------------------------------------ contexts
+    def context(
+        self,
+        script: str,
+        config: dict[str, Any] | str | None = None,
+        *,
+        name: str = "ctx",
+        files: dict[str, str] | None = None,
+    ) -> tuple[Path, Path]:
+        """Write a context dir holding train.py (+ files) and its config.yaml; returns
+        (config path, context dir). `config` is merged over a single-searcher default."""
+        ctx = self.tmp / name
+        ctx.mkdir(parents=True, exist_ok=True)
+        (ctx / "train.py").write_text(script)
+        for rel, text in (files or {}).items():
+            (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+            (ctx / rel).write_text(text)
+        cfg_path = ctx / "config.yaml"
+        if isinstance(config, str):
+            cfg_path.write_text(config)
+        else:
+            cfg: dict[str, Any] = {
+                "name": name,
+                "entrypoint": "python3 train.py",
+                "searcher": {"name": "single", "metric": "loss", "max_length": 5},
+                "max_restarts": 0,
+            }
+            cfg.update(config or {})
+            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return cfg_path, ctx
+
+
+    def trainer(
+        self,
+        hparams: dict[str, Any],
+        config: dict[str, Any] | None = None,
+        *,
+        name: str = "ctx",
+        files: dict[str, str] | None = None,
+    ) -> tuple[Path, Path]:
+        """A context running tests/fixtures/trainer.py with these hyperparameters."""
+        cfg = {"hyperparameters": hparams, **(config or {})}
+        return self.context(TRAINER.read_text(), cfg, name=name, files=files)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON lines trainer.py wrote to `self.record_path`, one per run start."""
+        path = self.record_path
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    @property
+    def record_path(self) -> Path:
+        return self.tmp / "runs.jsonl"
+
+
+class Proc:
+    """A background CLI process with its output in files."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], out: Path, err: Path) -> None:
+        self.popen = popen
+        self.out_path = out
+        self.err_path = err
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def out(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def signal(self, sig: int = signal.SIGINT) -> None:
+        self.popen.send_signal(sig)
+
+    def wait(self, timeout: float = CLI_TIMEOUT) -> Result:
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise AssertionError(
+                f"det-local did not exit in {timeout}s; stdout: {self.out!r} stderr: {self.err!r}"
+            ) from None
+        return Result(rc, self.out, self.err)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+class _closing:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> Store:
+        return self.store
+
+    def __exit__(self, *_: Any) -> None:
+        self.store.close()
+
+
+@pytest.fixture(autouse=True)
+def det_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh DET_LOCAL_HOME for every test (also seen by in-process code)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("DET_LOCAL_HOME", str(home))
+    for var in _TRIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+def dl(det_home: Path, tmp_path: Path) -> Iterator[Env]:
+    """The test's det-local world; background CLI processes and their trials are cleaned up."""
+    env = {k: v for k, v in os.environ.items() if k not in _TRIAL_VARS}
+    env["DET_LOCAL_HOME"] = str(det_home)
+    env["PYTHONUNBUFFERED"] = "1"
+    world = Env(det_home, tmp_path, env)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield world
+    # Anything a test left running (its own CLI processes, their trials) is stopped here.
+    for child in psutil.Process().children(recursive=True):
+        if child.pid not in before:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+    for pidfile in tmp_path.rglob("*.pid"):
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (ValueError, IndexError, OSError):
+            continue
+        if not gone(pid) and _is_descendant_trial(pid, tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _is_descendant_trial(pid: int, tmp_path: Path) -> bool:
+    """Only processes whose command line points into this test's directory are ours to kill."""
+    try:
+        return any(str(tmp_path) in a for a in psutil.Process(pid).cmdline()) or any(
+            str(tmp_path) in v for v in psutil.Process(pid).environ().values()
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
