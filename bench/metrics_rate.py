@@ -55,7 +55,10 @@ def main() -> None:
         home = os.path.join(tmp, "home")
         proc = subprocess.run(
             [*det_local_cmd(), "run", "config.yaml", ".", "--quiet"],
-            cwd=ctx, env=env_with_home(home), capture_output=True, text=True,
+            cwd=ctx,
+            env=env_with_home(home),
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             raise SystemExit(f"det-local run failed: {proc.stdout}\n{proc.stderr}")

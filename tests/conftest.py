@@ -187,7 +187,6 @@ class Env:
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return cfg_path, ctx
 
-
     def trainer(
         self,
         hparams: dict[str, Any],

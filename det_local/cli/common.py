@@ -40,7 +40,7 @@ def run_cli(app: typer.Typer) -> int:
             return 130
         if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
             err.show()
-            return int(err.exit_code)
+            return int(getattr(err, "exit_code", 1))
         if os.environ.get(DEBUG_ENV):
             raise
         print(
@@ -65,7 +65,9 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths))
+    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False))
     sep = "-+-".join("-" * w for w in widths)
-    body = [" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    body = [
+        " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in cells
+    ]
     return "\n".join([line.rstrip(), sep, *body])

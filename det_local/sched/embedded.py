@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from det_local.errors import DetLocalError
 from det_local.sched.follow import Follower, summary
 from det_local.store.paths import Paths
 from det_local.store.states import State
@@ -74,18 +75,31 @@ def drive(
 ) -> int:
     """Run `act(engine)` in an embedded engine (or `remote(client)` against a live one), then
     follow the experiment it names until it stops; returns the exit code for its final state."""
-    from det_local.sched.control import ControlClient
+    from det_local.sched.control import ControlClient, retrying
 
-    lock = EngineLock(paths)
-    if not lock.try_acquire():
+    def attempt() -> tuple[EngineLock | None, int | None]:
+        lock = EngineLock(paths)
+        if lock.try_acquire():
+            return lock, None
         lock.release()
-        client = ControlClient.connect(paths)
-        exp_id = remote(client)
+        return None, remote(ControlClient.connect(paths))
+
+    # An engine that is stopping refuses new work (EngineGone): wait until it is gone, then
+    # run the request in an engine here.
+    lock, exp_id = retrying(paths, attempt)
+    if lock is None:
+        assert exp_id is not None
         if announce:
             print(f"Created experiment {exp_id}", flush=True)
         if not follow:
             return 0
         return _follow_remote(paths, exp_id, quiet)
+    if not follow:
+        lock.release()
+        raise DetLocalError(
+            "--detach hands the experiment to a running det-local engine (another `det-local "
+            f"run` on {paths.home}), and none is running; run without --detach"
+        )
     try:
         return asyncio.run(_embedded(paths, act, follow, quiet, announce))
     finally:

@@ -101,6 +101,7 @@ class Engine:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
         self._idle = asyncio.Event()
+        self.closing = False
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
 
     # ================================================================== lifecycle
@@ -113,9 +114,17 @@ class Engine:
         os.chmod(sock, 0o600)
 
     async def wait_idle(self) -> None:
-        """Return once no experiment has a live process or pending work (embedded mode)."""
-        self._check_idle()
-        await self._idle.wait()
+        """Return once no experiment has a live process or pending work (embedded mode).
+
+        From then on the engine is `closing`: it refuses new work (submit, activate) with a
+        `retry` reply, so that nothing starts in an engine about to stop; the client then runs
+        the request in an engine of its own."""
+        while True:
+            self._check_idle()
+            if self._idle.is_set():
+                self.closing = True  # no await since the check: nothing slipped in between
+                return
+            await self._idle.wait()
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -153,15 +162,16 @@ class Engine:
         """Validate, snapshot the context, record the experiment and start its searcher."""
         from det_local.store.context import snapshot_context
 
-        check_entrypoint(cfg.entrypoint, context_src, source)
-        entrypoint_argv(cfg.entrypoint, context_src)  # refuses unsupported forms now
-        searcher = make_searcher(cfg)
-        warm = self._warm_start(cfg)
-        if warm is not None:
-            searcher._warm = warm
-        staging = self.paths.home / "experiments" / f".incoming-{uuid.uuid4().hex}"
+        staging = self.paths.staging_dir(uuid.uuid4().hex)
+        # the snapshot first: a missing, oversized or shadowing context is named as such
         snapshot_context(context_src, staging)
         try:
+            check_entrypoint(cfg.entrypoint, context_src, source, snapshot=staging)
+            entrypoint_argv(cfg.entrypoint, context_src)  # refuses unsupported forms now
+            searcher = make_searcher(cfg)
+            warm = self._warm_start(cfg)
+            if warm is not None:
+                searcher._warm = warm
             config = cfg.to_dict()
             exp_id = self.store.create_experiment(
                 name=cfg.name,
@@ -400,7 +410,8 @@ class Engine:
         elif outcome == Outcome.PAUSED:
             self.store.set_trial_state(tid, State.PAUSED)
             self.note(
-                f"trial {tid} paused at steps_completed={self.store.get_trial(tid).steps_completed}",
+                f"trial {tid} paused at "
+                f"steps_completed={self.store.get_trial(tid).steps_completed}",
                 experiment_id=exp.id,
                 trial_id=tid,
             )
@@ -422,7 +433,11 @@ class Engine:
         else:
             msg = (
                 f"trial {tid} {describe_exit(code)}"
-                + (f" after {trial.restarts} restarts" if trial.restarts else "")
+                + (
+                    f" after {trial.restarts} restart{'s' if trial.restarts > 1 else ''}"
+                    if trial.restarts
+                    else ""
+                )
                 + f"; see `det-local trial logs {tid}`"
             )
             self.store.set_trial_state(tid, State.ERROR, msg)
@@ -511,7 +526,8 @@ class Engine:
             return f"experiment {experiment_id} is already paused"
         if state != State.ACTIVE:
             raise StateError(
-                f"experiment {experiment_id} is {state.value}; only ACTIVE experiments can be paused"
+                f"experiment {experiment_id} is {state.value}; "
+                "only ACTIVE experiments can be paused"
             )
         self.store.set_experiment_state(experiment_id, State.PAUSED)
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
@@ -538,7 +554,8 @@ class Engine:
             return f"experiment {experiment_id} is already active"
         if state not in (State.PAUSED, State.ACTIVE):
             raise StateError(
-                f"experiment {experiment_id} is {state.value}; only PAUSED experiments can be activated"
+                f"experiment {experiment_id} is {state.value}; "
+                "only PAUSED experiments can be activated"
             )
         if exp.stopping == "pause":
             exp.stopping = None  # paused and activated before its trials stopped
@@ -643,6 +660,9 @@ class Engine:
                 raise DetLocalError("permission denied: this det-local runs as another user")
             op = msg.get("op")
             exp_id = int(msg.get("experiment_id", 0))
+            if self.closing and op in ("submit", "activate"):
+                reply["retry"] = True
+                raise DetLocalError("this det-local engine is shutting down; ask again")
             if op == "pause":
                 reply["value"] = self.pause(exp_id)
             elif op == "activate":

@@ -72,7 +72,7 @@ class Follower:
             await asyncio.sleep(poll)
         self.pump()
         if self.out is not None:
-            for tid, rest in self.partial.items():
+            for rest in self.partial.values():
                 if rest:
                     self.out.write(rest.decode("utf-8", "replace") + "\n")
             self.out.flush()
@@ -110,7 +110,7 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
                 f"    checkpoints: {len(ckpts)}, latest {last.uuid} "
                 f"(steps_completed={last.steps_completed})"
             )
-        if t.message and t.state == State.ERROR:
+        if t.message:  # why it failed, or why it ended early (InvalidHP)
             lines.append(f"    {t.message}")
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")

@@ -56,4 +56,11 @@ def describe_exit(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"was killed by {name}"
+    if code > 128:  # a shell entrypoint reports its command's death by signal N as 128+N
+        import signal
+
+        try:
+            return f"exited with code {code} (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
     return f"exited with code {code}"

@@ -69,8 +69,16 @@ def entrypoint_argv(entrypoint: str | list[str], context_dir: Path) -> list[str]
     return ["bash", "-c", f". ./{HOOK} || exit $?\n{entrypoint}"]
 
 
-def check_entrypoint(entrypoint: str | list[str] | None, context_dir: Path, source: str) -> None:
-    """Fail at submission for an entrypoint that cannot start (missing program or script)."""
+def check_entrypoint(
+    entrypoint: str | list[str] | None,
+    context_dir: Path,
+    source: str,
+    snapshot: Path | None = None,
+) -> None:
+    """Fail at submission for an entrypoint that cannot start (missing program or script).
+
+    With ``snapshot`` (the copy the trial runs in), a script that is in the context but left
+    out of the copy by .detignore is refused too."""
     if not entrypoint:
         raise ConfigError(
             f"entrypoint is missing in {source}: add e.g. 'entrypoint: python3 train.py'"
@@ -93,6 +101,8 @@ def check_entrypoint(entrypoint: str | list[str] | None, context_dir: Path, sour
                 f"entrypoint in {source}: '{program}' does not exist in the context directory "
                 f"{context_dir}; check the path or the CONTEXT argument"
             )
+        if not os.path.isabs(program):
+            _check_in_snapshot(program, context_dir, snapshot, source)
     elif shutil.which(program) is None and not (context_dir / HOOK).is_file():
         raise ConfigError(
             f"entrypoint in {source}: program '{program}' was not found on PATH; install it or "
@@ -102,11 +112,23 @@ def check_entrypoint(entrypoint: str | list[str] | None, context_dir: Path, sour
         script = next((w for w in words[1:] if not w.startswith("-")), None)
         if words[1] in ("-m", "-c") or script is None:
             return
-        if not (context_dir / script).exists() and not os.path.isabs(script):
+        if os.path.isabs(script):
+            return
+        if not (context_dir / script).exists():
             raise ConfigError(
                 f"entrypoint in {source}: script '{script}' is not in the context directory "
                 f"{context_dir}; check the entrypoint or the CONTEXT argument"
             )
+        _check_in_snapshot(script, context_dir, snapshot, source)
+
+
+def _check_in_snapshot(rel: str, context_dir: Path, snapshot: Path | None, source: str) -> None:
+    if snapshot is not None and not (snapshot / rel).exists():
+        raise ConfigError(
+            f"entrypoint in {source}: '{rel}' is in {context_dir} but "
+            f"{context_dir / '.detignore'} leaves it out of the experiment's copy; remove the "
+            "pattern that matches it"
+        )
 
 
 def trial_env(

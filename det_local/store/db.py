@@ -432,7 +432,10 @@ class Store:
         return len(rows)
 
     def list_metrics(self, trial_id: int, group: str | None = None) -> list[MetricRecord]:
-        sql = "SELECT trial_id, run_id, grp, steps_completed, time, metrics FROM metrics WHERE trial_id=?"
+        sql = (
+            "SELECT trial_id, run_id, grp, steps_completed, time, metrics FROM metrics"
+            " WHERE trial_id=?"
+        )
         args: list[Any] = [trial_id]
         if group is not None:
             sql += " AND grp=?"

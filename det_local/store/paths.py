@@ -67,6 +67,10 @@ class Paths:
     def experiment_dir(self, experiment_id: int) -> Path:
         return self.home / "experiments" / str(experiment_id)
 
+    def staging_dir(self, name: str) -> Path:
+        """Where a context snapshot is built before its experiment exists (renamed after)."""
+        return self.home / "experiments" / f".incoming-{name}"
+
     def context_dir(self, experiment_id: int) -> Path:
         return self.experiment_dir(experiment_id) / "context"
 

@@ -1,4 +1,4 @@
-"""What runs inside a trial: Determined's top-level names (det.InvalidHP, det.get_cluster_info...)."""
+"""What runs inside a trial: Determined's top-level names (det.InvalidHP, get_cluster_info...)."""
 
 from __future__ import annotations
 

@@ -85,7 +85,12 @@ class Context:
         if isinstance(value, InvalidHP):
             self.train.report_early_exit(EarlyExitReason.INVALID_HP)
             self.close()
-            logger.info("InvalidHP raised: the trial ends early and the searcher is told")
+            # in the trial's log whatever logging is set up: why the trial ended
+            print(
+                f"det-local: InvalidHP: {value}; the trial ends early and the searcher is told",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(0)
         self.close()
 
