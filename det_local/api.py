@@ -4,9 +4,13 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from det_local.store.db import Store
 from det_local.store.paths import Paths
+
+if TYPE_CHECKING:
+    from det_local.sched.testmode import TestReport
 
 
 def paths() -> Paths:
@@ -24,11 +28,43 @@ def run(
     *,
     follow: bool = True,
     quiet: bool = False,
+    test_mode: bool = False,
 ) -> int:
-    """Submit an experiment and, with follow=True, run it to the end; returns the exit code."""
+    """Submit an experiment and, with follow=True, run it to the end; returns the exit code.
+
+    test_mode: Determined's test mode (one batch, validate, checkpoint, restore in a new
+    process, one more batch); prints the pass/fail report and returns 0 only if all passed."""
     from det_local.sched.embedded import run_experiment
 
-    return run_experiment(paths(), Path(config_path), Path(context_dir), follow=follow, quiet=quiet)
+    return run_experiment(
+        paths(),
+        Path(config_path),
+        Path(context_dir),
+        follow=follow,
+        quiet=quiet,
+        test_mode=test_mode,
+    )
+
+
+def test_experiment(
+    config_path: str | Path, context_dir: str | Path, *, home: str | Path | None = None
+) -> TestReport:
+    """Run CONFIG in test mode with no output and return the report (what the pytest plugin
+    uses). ``home`` defaults to DET_LOCAL_HOME."""
+    from det_local.sched.embedded import run_experiment
+    from det_local.sched.testmode import build_report
+
+    p = Paths(Path(home).absolute()) if home is not None else paths()
+    box: list[TestReport] = []
+
+    def finish(store: Store, exp_id: int, elapsed: float) -> tuple[str, int]:
+        box.append(build_report(store, p, exp_id))
+        return "", 0
+
+    run_experiment(
+        p, Path(config_path), Path(context_dir), quiet=True, test_mode=True, finish=finish
+    )
+    return box[0]
 
 
 def control(experiment_id: int, action: str, **fields: object) -> str:

@@ -14,6 +14,12 @@ def run_command(
         False, "--detach", "-d", help="Submit to the running daemon and return at once."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not stream the trials' output."),
+    test: bool = typer.Option(
+        False,
+        "--test",
+        help="Test mode: train one batch, validate, checkpoint, restore that checkpoint in a "
+        "new process and train one more batch; print pass/fail per step.",
+    ),
 ) -> None:
     """Run an experiment: prints its id, streams the trials' output, ends with a summary.
 
@@ -21,6 +27,6 @@ def run_command(
     checkpoint); `det-local experiment activate ID` resumes."""
     from det_local import api
 
-    code = api.run(config, context, follow=not detach, quiet=quiet)
+    code = api.run(config, context, follow=not detach, quiet=quiet, test_mode=test)
     if code:
         raise typer.Exit(code)

@@ -44,8 +44,34 @@ class EngineLock:
         os.close(self.fd)
 
 
+Finish = Callable[[Any, int, float], tuple[str, int]]
+
+
+def summarize(store: Any, exp_id: int, elapsed: float) -> tuple[str, int]:
+    """The default end of a run: the summary, and the exit code for the final state."""
+    code = EXIT_CODES.get(store.get_experiment(exp_id).state, 1)
+    return summary(store, exp_id, elapsed), code
+
+
+def test_report(paths: Paths) -> Finish:
+    def finish(store: Any, exp_id: int, elapsed: float) -> tuple[str, int]:
+        from det_local.sched.testmode import build_report
+
+        report = build_report(store, paths, exp_id)
+        return report.format(), 0 if report.passed else 1
+
+    return finish
+
+
 def run_experiment(
-    paths: Paths, config_path: Path, context_dir: Path, *, follow: bool = True, quiet: bool = False
+    paths: Paths,
+    config_path: Path,
+    context_dir: Path,
+    *,
+    follow: bool = True,
+    quiet: bool = False,
+    test_mode: bool = False,
+    finish: Finish | None = None,
 ) -> int:
     from det_local.config import load_config
 
@@ -54,14 +80,22 @@ def run_experiment(
     source = str(config_path)
 
     def act(engine: Any) -> int:
-        return int(engine.submit(cfg, context_dir, source))
+        return int(engine.submit(cfg, context_dir, source, test_mode=test_mode))
 
     def remote(client: Any) -> int:
         return int(
-            client.request("submit", config=cfg.to_dict(), context=str(context_dir), source=source)
+            client.request(
+                "submit",
+                config=cfg.to_dict(),
+                context=str(context_dir),
+                source=source,
+                test_mode=test_mode,
+            )
         )
 
-    return drive(paths, act, remote, follow=follow, quiet=quiet, announce=True)
+    if finish is None:
+        finish = test_report(paths) if test_mode else summarize
+    return drive(paths, act, remote, follow=follow, quiet=quiet, announce=True, finish=finish)
 
 
 def drive(
@@ -72,6 +106,7 @@ def drive(
     follow: bool,
     quiet: bool = False,
     announce: bool = False,
+    finish: Finish = summarize,
 ) -> int:
     """Run `act(engine)` in an embedded engine (or `remote(client)` against a live one), then
     follow the experiment it names until it stops; returns the exit code for its final state."""
@@ -93,7 +128,7 @@ def drive(
             print(f"Created experiment {exp_id}", flush=True)
         if not follow:
             return 0
-        return _follow_remote(paths, exp_id, quiet)
+        return _follow_remote(paths, exp_id, quiet, finish)
     if not follow:
         lock.release()
         raise DetLocalError(
@@ -101,13 +136,13 @@ def drive(
             f"run` on {paths.home}), and none is running; run without --detach"
         )
     try:
-        return asyncio.run(_embedded(paths, act, follow, quiet, announce))
+        return asyncio.run(_embedded(paths, act, quiet, announce, finish))
     finally:
         lock.release()
 
 
 async def _embedded(
-    paths: Paths, act: Callable[[Any], int], follow: bool, quiet: bool, announce: bool
+    paths: Paths, act: Callable[[Any], int], quiet: bool, announce: bool, finish: Finish
 ) -> int:
     from det_local.sched.engine import Engine, install_interrupt
 
@@ -124,14 +159,15 @@ async def _embedded(
         await engine.wait_idle()
         follower.stop()
         await task
-        rec = engine.store.get_experiment(exp_id)
-        print(summary(engine.store, exp_id, time.time() - started), flush=True)
-        return EXIT_CODES.get(rec.state, 1)
+        text, code = finish(engine.store, exp_id, time.time() - started)
+        if text:
+            print(text, flush=True)
+        return code
     finally:
         await engine.stop()
 
 
-def _follow_remote(paths: Paths, exp_id: int, quiet: bool) -> int:
+def _follow_remote(paths: Paths, exp_id: int, quiet: bool, finish: Finish) -> int:
     from det_local.store.db import Store
 
     store = Store(paths.db, readonly=True)
@@ -150,5 +186,7 @@ def _follow_remote(paths: Paths, exp_id: int, quiet: bool) -> int:
             file=sys.stderr,
         )
         return 0
-    print(summary(store, exp_id, time.time() - started), flush=True)
-    return EXIT_CODES.get(store.get_experiment(exp_id).state, 1)
+    text, code = finish(store, exp_id, time.time() - started)
+    if text:
+        print(text, flush=True)
+    return code

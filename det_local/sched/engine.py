@@ -77,6 +77,7 @@ class ExperimentRun:
     shutdown: Shutdown | None = None
     best: float | None = None
     progress: dict[int, float] = field(default_factory=dict)
+    test_mode: bool = False  # `run --test`: one batch, validate, checkpoint, then a restore run
 
 
 def checkpoint_dir_for(paths: Paths, config: dict[str, Any]) -> Path:
@@ -158,9 +159,18 @@ class Engine:
         self._out(f"det-local: {message}")
 
     # ================================================================== submission
-    def submit(self, cfg: Any, context_src: Path, source: str) -> int:
-        """Validate, snapshot the context, record the experiment and start its searcher."""
+    def submit(self, cfg: Any, context_src: Path, source: str, *, test_mode: bool = False) -> int:
+        """Validate, snapshot the context, record the experiment and start its searcher.
+
+        With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
+        twice: one batch + validation + checkpoint, then a fresh process that restores that
+        checkpoint and trains one more batch."""
         from det_local.store.context import snapshot_context
+
+        if test_mode:
+            from det_local.config import make_test_config
+
+            cfg = make_test_config(cfg)
 
         staging = self.paths.staging_dir(uuid.uuid4().hex)
         # the snapshot first: a missing, oversized or shadowing context is named as such
@@ -188,6 +198,7 @@ class Engine:
             raise
         self.store.set_experiment_context(exp_id, str(dest))
         exp = ExperimentRun(exp_id, cfg, searcher, checkpoint_dir_for(self.paths, config))
+        exp.test_mode = test_mode
         self.experiments[exp_id] = exp
         self._apply(exp, searcher.initial_actions())
         self._check_idle()
@@ -246,6 +257,7 @@ class Engine:
             "ops": {k: list(v) for k, v in exp.ops.items()},
             "closed": sorted(exp.closed),
             "shutdown": None if exp.shutdown is None else exp.shutdown.__dict__,
+            "test_mode": exp.test_mode,
         }
 
     # ================================================================== launching
@@ -334,7 +346,8 @@ class Engine:
                 info_dir=str(info_dir),
                 checkpoint_dir=str(exp.checkpoint_dir),
                 user=self.user,
-                extra=config_env_vars(config),
+                extra=config_env_vars(config)
+                + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else []),
             ),
             cwd=str(context),
             user=self.user,
@@ -401,7 +414,9 @@ class Engine:
         )
         rid = run.request_id
         tid = run.trial_id
-        if outcome in (Outcome.COMPLETED, Outcome.STOPPED):
+        if outcome == Outcome.COMPLETED and self._test_mode_restore(exp, run):
+            pass
+        elif outcome in (Outcome.COMPLETED, Outcome.STOPPED):
             self.store.set_trial_state(tid, State.COMPLETED)
             self._apply(exp, exp.searcher.on_trial_exited(rid))
         elif outcome == Outcome.INVALID_HP:
@@ -445,6 +460,21 @@ class Engine:
             self._apply(exp, exp.searcher.on_trial_exited_early(rid, "ERRORED"))
         self._maybe_finish(exp)
         self._check_idle()
+
+    def _test_mode_restore(self, exp: ExperimentRun, run: TrialRun) -> bool:
+        """Test mode, after the first run: restore its checkpoint in a fresh process and train
+        one more batch (an operation one batch longer for Core API scripts). False when there is
+        nothing to restore, which ends the test (the report names the missing step)."""
+        if not exp.test_mode or run.run_id != 1:
+            return False
+        trial = self.store.get_trial(run.trial_id)
+        if trial.latest_checkpoint is None:
+            return False
+        steps = self.store.get_checkpoint(trial.latest_checkpoint).steps_completed
+        exp.ops.setdefault(run.request_id, deque()).append(steps + 1)
+        self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
+        self._launch(exp, run.trial_id)
+        return True
 
     def _maybe_finish(self, exp: ExperimentRun) -> None:
         if any(r.experiment_id == exp.id for r in self.runs.values()):
@@ -513,6 +543,7 @@ class Engine:
             exp.ops = {k: deque(v) for k, v in snap["ops"].items()}
             exp.closed = set(snap["closed"])
             exp.shutdown = Shutdown(**snap["shutdown"]) if snap["shutdown"] else None
+            exp.test_mode = bool(snap.get("test_mode"))
         for t in self.store.list_trials(experiment_id):
             if t.best_validation is not None:
                 exp.best = self._better(exp, t.best_validation, exp.best)
@@ -677,7 +708,12 @@ class Engine:
                 from det_local.config import parse_config
 
                 cfg = parse_config(msg["config"], source=str(msg.get("source", "<config>")))
-                reply["value"] = self.submit(cfg, Path(msg["context"]), str(msg.get("source")))
+                reply["value"] = self.submit(
+                    cfg,
+                    Path(msg["context"]),
+                    str(msg.get("source")),
+                    test_mode=bool(msg.get("test_mode")),
+                )
             else:
                 raise DetLocalError(f"unknown control request {op!r}")
         except DetLocalError as err:
@@ -838,5 +874,8 @@ def install_interrupt(engine: Engine) -> None:
         count += 1
         engine.interrupt(count)
 
-    loop.add_signal_handler(signal.SIGINT, on_signal)
-    loop.add_signal_handler(signal.SIGTERM, on_signal)
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
+    except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
+        pass
