@@ -54,8 +54,8 @@ def test_test_mode_passes_every_step(dl: Env) -> None:
     assert "PASS  validate" in r.out
     assert "PASS  checkpoint" in r.out
     assert (
-        "PASS  restore the checkpoint in a new process and train one more batch: trained to steps_completed=2"
-        in r.out
+        "PASS  restore the checkpoint in a new process and train one more batch: "
+        "trained to steps_completed=2" in r.out
     )
     assert r.out.rstrip().endswith("Test mode: PASSED")
     exp = dl.experiment(1)
