@@ -27,9 +27,7 @@ class PyTorchCallback:
     def on_training_epoch_end(self, epoch_idx: int) -> None:
         """After the last batch of an epoch."""
 
-    def on_training_workload_end(
-        self, avg_metrics: dict[str, Any], batch_metrics: Any
-    ) -> None:
+    def on_training_workload_end(self, avg_metrics: dict[str, Any], batch_metrics: Any) -> None:
         """After the training metrics of a reporting period are aggregated."""
 
     def on_validation_start(self) -> None:

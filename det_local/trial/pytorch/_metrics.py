@@ -59,8 +59,8 @@ def to_host(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             n = t.numel()
             chunk = flat[offset : offset + n]
             offset += n
-            out[r][key] = chunk.reshape(t.shape).item() if t.dim() == 0 else (
-                chunk.reshape(t.shape).tolist()
+            out[r][key] = (
+                chunk.reshape(t.shape).item() if t.dim() == 0 else (chunk.reshape(t.shape).tolist())
             )
     return out
 
@@ -128,7 +128,7 @@ def average_across_ranks(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[d
 
 def first_nan(batch_idxs: Sequence[int], batch_metrics: Sequence[dict[str, Any]], key: str) -> int:
     """The batch index of the first NaN `key` value, or -1."""
-    for idx, row in zip(batch_idxs, batch_metrics):
+    for idx, row in zip(batch_idxs, batch_metrics, strict=True):
         v = row.get(key)
         if isinstance(v, float) and math.isnan(v):
             return idx

@@ -36,7 +36,7 @@ def simple_reduce(
             total = sum(weights)
             if total == 0:
                 return math.nan
-            return math.fsum(float(v) * w for v, w in zip(values, weights)) / total
+            return math.fsum(float(v) * w for v, w in zip(values, weights, strict=True)) / total
     flat: list[float] = []
     ints = True
     for v in values:

@@ -181,6 +181,14 @@ class ReproducibleShuffleSampler(torch.utils.data.Sampler):  # type: ignore[type
         self._sampler = sampler
         self._shuffle = _SeededShuffle(seed)
 
+    @property
+    def seed(self) -> int:
+        return self._shuffle.seed
+
+    def _reseed(self, seed: int) -> None:
+        """Start over from `seed` (before the first pass: the loop restores a checkpoint's)."""
+        self._shuffle = _SeededShuffle(seed)
+
     def __iter__(self) -> Iterator[Any]:
         return iter(self._shuffle.shuffled(list(self._sampler)))
 
