@@ -13,10 +13,17 @@ Trial -> daemon
     ckpt_get     {uuid}                                          (request) -> record or None
     early_exit   {reason}                                        (request)
     best_val     {}                                              (request) -> float | None
-    op_next      {}                                              (request) -> {length, done}
+    last_val     {}                                              (request) -> steps | None
+    op_next      {}                                              (request) -> length | None
     op_done      {length, metric}                                (request)
+    out_of_ops   {}                                              (request)
     preempt_ack  {}                                              (request)
-    bye          {}                                              trial finished its reporting
+    status       {status}
+    bye          {}                                              (request) reporting is done
+
+Client (CLI) -> daemon
+    control      {op, experiment_id, ...}                        (request) pause, activate,
+                                                                 kill, label_*, submit
 
 Daemon -> trial
     reply        {id, value | error}

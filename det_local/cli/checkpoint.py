@@ -7,8 +7,6 @@ sizes, the checkpoints table). Top level imports typer and the standard library 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,7 +26,6 @@ app = typer.Typer(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 # Determined downloads only these; a DELETED checkpoint has no files left to copy.
-_DOWNLOADABLE = ("COMPLETED", "PARTIALLY_DELETED")
 
 
 # ---------------------------------------------------------------------------- shared formatting
@@ -164,44 +161,7 @@ def download(
 
     ckpt = open_store().get_checkpoint(uuid)
     dest = (output if output is not None else Path("checkpoints") / ckpt.uuid).absolute()
-    _download(ckpt, dest)
+    from det_local.store.checkpoints import download_checkpoint
+
+    download_checkpoint(ckpt, dest)
     print(dest)
-
-
-def _download(ckpt: CheckpointRecord, dest: Path) -> None:
-    from det_local.errors import CheckpointError
-
-    where = f"checkpoint {ckpt.uuid} of trial {ckpt.trial_id}"
-    if ckpt.state not in _DOWNLOADABLE:
-        raise CheckpointError(
-            f"{where} is {ckpt.state}; only {' or '.join(_DOWNLOADABLE)} checkpoints can be "
-            f"downloaded: pick another with `det-local checkpoint list {ckpt.experiment_id}`"
-        )
-    if (dest / "metadata.json").exists():
-        return  # already downloaded
-    src = Path(ckpt.path)
-    if not src.is_dir():
-        raise CheckpointError(
-            f"{where}: its files at {src} are gone (deleted or moved outside det-local); "
-            "put them back there, or pick another checkpoint with "
-            f"`det-local checkpoint list {ckpt.experiment_id}`"
-        )
-    try:
-        # metadata.json goes last, so that its presence means a complete copy.
-        shutil.copytree(
-            src,
-            dest,
-            dirs_exist_ok=True,
-            ignore=lambda d, names: ["metadata.json"] if Path(d) == src else [],
-        )
-        partial = dest / f".metadata.json.{os.getpid()}.partial"
-        if (src / "metadata.json").is_file():
-            shutil.copyfile(src / "metadata.json", partial)
-        else:  # as Determined does, write one from the record
-            partial.write_text(json.dumps(ckpt.metadata, indent=2, sort_keys=True) + "\n")
-        os.replace(partial, dest / "metadata.json")
-    except OSError as err:
-        raise CheckpointError(
-            f"{where}: copying {src} to {dest} failed: {err}; "
-            "free some space or choose another directory with --output"
-        ) from err

@@ -544,9 +544,10 @@ class Engine:
             exp.closed = set(snap["closed"])
             exp.shutdown = Shutdown(**snap["shutdown"]) if snap["shutdown"] else None
             exp.test_mode = bool(snap.get("test_mode"))
+        sign = 1.0 if cfg.searcher.smaller_is_better else -1.0
         for t in self.store.list_trials(experiment_id):
             if t.best_validation is not None:
-                exp.best = self._better(exp, t.best_validation, exp.best)
+                exp.best = self._better(exp, sign * t.best_validation, exp.best)
         self.experiments[experiment_id] = exp
         return exp
 
@@ -746,6 +747,9 @@ class Engine:
                     if exp.best is None
                     else (exp.best if exp.config.searcher.smaller_is_better else -exp.best)
                 )
+            elif kind == "last_val":
+                last = self.store.latest_metrics(run.trial_id, "validation")
+                value = None if last is None else last.steps_completed
             elif kind == "op_next":
                 q = exp.ops.get(run.request_id)
                 value = q[0] if q else None

@@ -74,6 +74,13 @@ class TrainContext:
         value = self._session.request("best_val")
         return None if value is None else float(value)
 
+    def _get_last_validation(self) -> int | None:
+        """steps_completed of the trial's latest validation (any run), None if it has none."""
+        if self._session is None:
+            return None
+        value = self._session.request("last_val")
+        return None if value is None else int(value)
+
     def set_status(self, status: str) -> None:
         if self._session is not None:
             self._session.send("status", status=str(status))
