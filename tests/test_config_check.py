@@ -82,8 +82,10 @@ def test_config_check_missing_script(tmp_path: Path) -> None:
     assert "script 'train.py' is not in the context directory" in proc.stderr
 
 
-def test_config_check_legacy_trial_entrypoint_not_supported_yet(tmp_path: Path) -> None:
+def test_config_check_legacy_trial_entrypoint_runs_the_harness(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text(CONFIG.replace("python3 train.py", "model_def:MyTrial"))
-    proc = _check(tmp_path, "c.yaml")
-    assert proc.returncode != 0
-    assert "model_def:MyTrial" in proc.stderr and "not supported" in proc.stderr
+    (tmp_path / "model_def.py").write_text("class MyTrial: pass\n")
+    out = json.loads(_check(tmp_path, "c.yaml", ".", "--json").stdout)
+    assert out["plan"]["argv"][-3:] == ["-m", "det_local.trial.harness", "model_def:MyTrial"]
+    proc = _check(tmp_path, "c.yaml", str(tmp_path / "elsewhere"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr

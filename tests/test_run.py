@@ -313,6 +313,7 @@ print("first done" if go.exists() else "first gave up", flush=True)
 
 
 def test_second_run_submits_to_the_first_runs_engine(dl: Env) -> None:
+    dl.env["DET_LOCAL_CPU_SLOTS"] = "2"  # both trials run at once
     go = dl.tmp / "go"
     cfg1, ctx1 = dl.context(WAITS_FOR_GO, {"entrypoint": f"python3 train.py {go}"}, name="one")
     cfg2, ctx2 = dl.context("print('second ran')", {}, name="two")

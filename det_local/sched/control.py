@@ -1,27 +1,25 @@
-"""Changing experiments from the CLI: through a running engine's socket, or, with none running,
-by starting an embedded engine for the purpose."""
+"""Changing experiments and jobs from the CLI: a request in the spool for the running engine
+(the daemon, or another `det-local run`), or, with none running, an engine in this process."""
 
 from __future__ import annotations
 
-import itertools
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from det_local import rpc
 from det_local.errors import DetLocalError
+from det_local.sched import spool
 from det_local.store.paths import Paths
 
 T = TypeVar("T")
 
-
 RETRY_S = 60.0  # how long a request waits for an engine that is stopping to be gone
 RETRY_TICK_S = 0.05
+ANSWER_TIMEOUT_S = 120.0
 
 
 class EngineGone(DetLocalError):
-    """The engine that held the lock stopped (or is stopping): run the request elsewhere."""
+    """The engine that held the lock stopped before taking the request: run it elsewhere."""
 
 
 def lock_free(paths: Paths) -> bool:
@@ -49,47 +47,30 @@ def retrying(paths: Paths, attempt: Callable[[], T]) -> T:
             time.sleep(RETRY_TICK_S)
 
 
-class ControlClient:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.ids = itertools.count(1)
-
-    @classmethod
-    def connect(cls, paths: Paths, timeout: float = 10.0) -> ControlClient:
-        """Connect to the running engine; EngineGone when it stopped meanwhile."""
-        deadline = time.monotonic() + timeout
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(str(paths.socket))
-                return cls(s)
-            except OSError:
-                s.close()
-                if lock_free(paths):
-                    raise EngineGone("the det-local engine stopped") from None
-                if time.monotonic() > deadline:
-                    raise DetLocalError(
-                        f"another det-local holds {paths.run_dir / 'engine.lock'} but its socket "
-                        f"{paths.socket} does not answer; if no det-local is running, remove the "
-                        "lock file and try again"
-                    ) from None
-                time.sleep(RETRY_TICK_S)
-
-    def request(self, op: str, **fields: Any) -> Any:
-        req = {"t": "control", "id": next(self.ids), "op": op, **fields}
+def remote_request(
+    paths: Paths, op: str, payload: dict[str, Any], timeout: float = ANSWER_TIMEOUT_S
+) -> Any:
+    """Put a request in the spool and wait for the running engine's answer. EngineGone when
+    the engine stopped without taking it (the request is withdrawn: nothing was done)."""
+    req_id = spool.submit(paths, op, payload)
+    path = paths.queue / f"{req_id}{spool.SUFFIX}"
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            rpc.send(self.sock, req)
-            reply = rpc.recv(self.sock)
-        except OSError:
-            reply = None
-        if reply is None:
-            # the engine stopped between connect and answer; nothing was done
-            raise EngineGone("the det-local engine closed the connection before answering")
-        if reply.get("retry"):
-            raise EngineGone(str(reply.get("error") or "the det-local engine is stopping"))
-        if reply.get("error"):
-            raise DetLocalError(str(reply["error"]))
-        return reply.get("value")
+            return spool.wait_response(paths, req_id, timeout=0.25)
+        except spool.NoAnswer:
+            pass
+        if lock_free(paths):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue  # it was taken: its answer is (about to be) there
+            raise EngineGone("the det-local engine stopped before taking the request") from None
+        if time.monotonic() > deadline:
+            raise DetLocalError(
+                f"the det-local engine of {paths.home} did not answer in {timeout:.0f}s; "
+                f"its request is still in {paths.queue} (`det-local daemon status`)"
+            )
 
 
 def control_experiment(paths: Paths, experiment_id: int, action: str, **fields: Any) -> str:
@@ -97,29 +78,36 @@ def control_experiment(paths: Paths, experiment_id: int, action: str, **fields: 
 
 
 def _control_once(paths: Paths, experiment_id: int, action: str, **fields: Any) -> str:
-    from det_local.sched.embedded import EngineLock, drive
+    from det_local.sched.embedded import drive
 
-    lock = EngineLock(paths)
-    held = not lock.try_acquire()
-    lock.release()
-    if held:
-        client = ControlClient.connect(paths)
-        return str(client.request(action, experiment_id=experiment_id, **fields))
+    if not lock_free(paths):
+        return str(remote_request(paths, action, {"experiment_id": experiment_id, **fields}))
     if action == "activate":
         # no engine running: run the experiment here, in the foreground, as `det-local run` does
         def act(engine: Any) -> int:
             print(engine.activate(experiment_id), flush=True)
             return experiment_id
 
-        def remote(client: ControlClient) -> int:
-            client.request("activate", experiment_id=experiment_id)
+        def remote(p: Paths) -> int:
+            remote_request(p, "activate", {"experiment_id": experiment_id})
             return experiment_id
 
         code = drive(paths, act, remote, follow=True)
         if code:
             raise _Exit(code)
         return f"experiment {experiment_id} finished"
-    return _offline(paths, experiment_id, action, **fields)
+    return _offline(paths, action, {"experiment_id": experiment_id, **fields})
+
+
+def control_job(paths: Paths, op: str, payload: dict[str, Any]) -> Any:
+    """A job-queue request (job update, cmd kill...): the engine if one runs, else offline."""
+
+    def once() -> Any:
+        if not lock_free(paths):
+            return remote_request(paths, op, payload)
+        return _offline(paths, op, payload)
+
+    return retrying(paths, once)
 
 
 class _Exit(DetLocalError):
@@ -128,35 +116,33 @@ class _Exit(DetLocalError):
         self.exit_code = code
 
 
-def _offline(paths: Paths, experiment_id: int, action: str, **fields: Any) -> str:
-    """No engine is running: act as one for a moment (nothing runs, so no process to signal)."""
+def _offline(paths: Paths, op: str, payload: dict[str, Any]) -> Any:
+    """No engine is running: act as one for one request. Nothing is started or scheduled:
+    with no engine there is no process to supervise."""
     import asyncio
+    import os
 
     from det_local.sched.embedded import EngineLock
     from det_local.sched.engine import Engine
+    from det_local.sched.spool import Request, user_name
 
     lock = EngineLock(paths)
     if not lock.try_acquire():
         lock.release()
-        return str(
-            ControlClient.connect(paths).request(action, experiment_id=experiment_id, **fields)
-        )
+        raise EngineGone("another det-local engine started meanwhile")
 
-    async def go() -> str:
-        engine = Engine(paths)
+    async def go() -> Any:
+        engine = Engine(paths, offline=True)
         engine.loop = asyncio.get_running_loop()
         try:
-            if action == "pause":
-                return engine.pause(experiment_id)
-            if action == "kill":
-                return engine.kill(experiment_id)
-            if action == "label_add":
-                return engine.set_labels(experiment_id, str(fields["label"]), None)
-            if action == "label_remove":
-                return engine.set_labels(experiment_id, None, str(fields["label"]))
-            raise DetLocalError(f"unknown action {action!r}")
+            uid = os.geteuid()
+            req = Request("offline", op, user_name(uid), uid, payload, paths.queue / "offline")
+            answer = engine._apply_request(req)
         finally:
             engine.store.close()
+        if answer.get("error"):
+            raise DetLocalError(str(answer["error"]))
+        return answer.get("value")
 
     try:
         return asyncio.run(go())

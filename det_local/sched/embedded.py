@@ -82,16 +82,16 @@ def run_experiment(
     def act(engine: Any) -> int:
         return int(engine.submit(cfg, context_dir, source, test_mode=test_mode))
 
-    def remote(client: Any) -> int:
-        return int(
-            client.request(
-                "submit",
-                config=cfg.to_dict(),
-                context=str(context_dir),
-                source=source,
-                test_mode=test_mode,
-            )
-        )
+    def remote(p: Paths) -> int:
+        from det_local.sched.control import remote_request
+
+        payload = {
+            "config": cfg.to_dict(),
+            "context": str(context_dir),
+            "source": source,
+            "test_mode": test_mode,
+        }
+        return int(remote_request(p, "submit", payload))
 
     if finish is None:
         finish = test_report(paths) if test_mode else summarize
@@ -101,23 +101,23 @@ def run_experiment(
 def drive(
     paths: Paths,
     act: Callable[[Any], int],
-    remote: Callable[[Any], int],
+    remote: Callable[[Paths], int],
     *,
     follow: bool,
     quiet: bool = False,
     announce: bool = False,
     finish: Finish = summarize,
 ) -> int:
-    """Run `act(engine)` in an embedded engine (or `remote(client)` against a live one), then
+    """Run `act(engine)` in an embedded engine (or `remote(paths)` against a live one), then
     follow the experiment it names until it stops; returns the exit code for its final state."""
-    from det_local.sched.control import ControlClient, retrying
+    from det_local.sched.control import retrying
 
     def attempt() -> tuple[EngineLock | None, int | None]:
         lock = EngineLock(paths)
         if lock.try_acquire():
             return lock, None
         lock.release()
-        return None, remote(ControlClient.connect(paths))
+        return None, remote(paths)
 
     # An engine that is stopping refuses new work (EngineGone): wait until it is gone, then
     # run the request in an engine here.

@@ -1,20 +1,19 @@
 """The engine: experiments, their searchers and their trial processes, driven by events.
 
 One engine per DET_LOCAL_HOME. It is the only writer of the store. Events come from the
-socket (trial reports, control requests) and from process exits (pidfds); nothing polls for
-work. `det-local run` with no daemon runs an engine in its own process (embedded mode).
+spool (submissions and control requests, `sched/requests.py`), the socket (trial reports,
+`sched/trialsocket.py`) and process exits (pidfds, `sched/queue.py`); nothing polls for work.
+The daemon runs an engine for good; `det-local run` with no daemon runs one in its own process
+for the life of the run (embedded mode).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-import secrets
 import shutil
 import signal
 import sys
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -32,14 +31,18 @@ from det_local.sched.plan import (
     entrypoint_argv,
     trial_env,
 )
+from det_local.sched.policy import check_request
+from det_local.sched.queue import QueueMixin, _identity
+from det_local.sched.requests import RequestsMixin
+from det_local.sched.settings import DaemonSettings, load_settings
+from det_local.sched.trialsocket import TrialSocketMixin, _write
 from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
+from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
-from det_local.store.records import CheckpointRecord
 from det_local.store.states import State
 
-DEFAULT_PREEMPTION_TIMEOUT = 30.0
 KILL_GRACE = 10.0
 
 
@@ -52,14 +55,15 @@ class TrialRun:
     request_id: str
     run_id: int
     token: str
-    proc: executor.Running
-    plan: LaunchPlan
+    job_id: int
+    pid: int
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     preempt_sent: bool = False
     acked: bool = False
     invalid_hp: bool = False
     kill_requested: bool = False
     stop_requested: bool = False
+    requeue_requested: bool = False
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
 
@@ -92,17 +96,41 @@ def checkpoint_dir_for(paths: Paths, config: dict[str, Any]) -> Path:
     return paths.checkpoints
 
 
-class Engine:
-    def __init__(self, paths: Paths, *, out: Callable[[str], None] | None = None) -> None:
+class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        out: Callable[[str], None] | None = None,
+        daemon: bool = False,
+        offline: bool = False,
+    ) -> None:
+        from det_local.sched import slots
+
         self.paths = paths.ensure()
+        self.daemon = daemon
+        self.offline = offline  # one request with no engine running: never start anything
+        self.settings: DaemonSettings = load_settings(paths.settings)
+        self.inventory = slots.discover(cpu_slots=self.settings.cpu_slots)
         self.store = Store(paths.db)
         self.user = current_user()
         self.experiments: dict[int, ExperimentRun] = {}
         self.runs: dict[int, TrialRun] = {}  # trial id -> live run
+        self.procs: dict[int, executor.JobProc] = {}  # job id -> live process
+        self.user_ids: dict[int, int] = {}  # experiment id -> submitter's uid
+        self.waiting: dict[int, str] = {}  # queued job id -> why it waits
+        self._preempting: set[int] = set()
+        self._killing: set[int] = set()
+        self._scheduling: bool = False
+        self._schedule_again: bool = False
+        self.kill_grace = KILL_GRACE
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
         self._idle = asyncio.Event()
         self.closing = False
+        self._tasks: list[asyncio.Future[None]] = []
+        self._watch_stop = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
 
     # ================================================================== lifecycle
@@ -112,7 +140,12 @@ class Engine:
         if sock.exists():
             sock.unlink()
         self.server = await asyncio.start_unix_server(self._on_connection, path=str(sock))
-        os.chmod(sock, 0o600)
+        # trials of every user connect (a per-run token authenticates them); the daemon alone
+        # serves other users, so only a root daemon opens the socket to them
+        os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
+        self._recover()
+        self._start_spool()
+        self._schedule()
 
     async def wait_idle(self) -> None:
         """Return once no experiment has a live process or pending work (embedded mode).
@@ -124,10 +157,23 @@ class Engine:
             self._check_idle()
             if self._idle.is_set():
                 self.closing = True  # no await since the check: nothing slipped in between
+                self._watch_stop.set()
                 return
             await self._idle.wait()
 
+    async def serve_forever(self) -> None:
+        """The daemon: run until `daemon stop` (or SIGTERM); jobs outlive it and are adopted
+        by the next daemon."""
+        await self._stop_requested.wait()
+        self.closing = True
+        self._watch_stop.set()
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
     async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -142,7 +188,7 @@ class Engine:
             self.store.get_experiment(e).state in (State.ACTIVE, State.STOPPING_CANCELED)
             for e in self.experiments
         )
-        if not self.runs and not active:
+        if not self.procs and not active and not self.store.jobs.active():
             self._idle.set()
         else:
             self._idle.clear()
@@ -159,7 +205,16 @@ class Engine:
         self._out(f"det-local: {message}")
 
     # ================================================================== submission
-    def submit(self, cfg: Any, context_src: Path, source: str, *, test_mode: bool = False) -> int:
+    def submit(
+        self,
+        cfg: Any,
+        context_src: Path,
+        source: str,
+        *,
+        test_mode: bool = False,
+        user: str | None = None,
+        uid: int | None = None,
+    ) -> int:
         """Validate, snapshot the context, record the experiment and start its searcher.
 
         With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
@@ -172,6 +227,9 @@ class Engine:
 
             cfg = make_test_config(cfg)
 
+        check_request(
+            int(cfg.resources.slots_per_trial), self.inventory.size(), "resources.slots_per_trial"
+        )
         staging = self.paths.staging_dir(uuid.uuid4().hex)
         # the snapshot first: a missing, oversized or shadowing context is named as such
         snapshot_context(context_src, staging)
@@ -188,7 +246,7 @@ class Engine:
                 config=config,
                 labels=cfg.labels,
                 description=cfg.description,
-                user=self.user,
+                user=user or self.user,
             )
             dest = self.paths.context_dir(exp_id)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +258,7 @@ class Engine:
         exp = ExperimentRun(exp_id, cfg, searcher, checkpoint_dir_for(self.paths, config))
         exp.test_mode = test_mode
         self.experiments[exp_id] = exp
+        self.user_ids[exp_id] = os.getuid() if uid is None else uid
         self._apply(exp, searcher.initial_actions())
         self._check_idle()
         return exp_id
@@ -243,10 +302,12 @@ class Engine:
             elif isinstance(action, Shutdown):
                 exp.shutdown = action
         self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
-        # launch every created trial that has no process yet
-        for action in actions:
-            if isinstance(action, Create) and exp.stopping is None:
-                self._launch(exp, exp.trial_of[action.request_id])
+        # queue every created trial for slots
+        created = [a for a in actions if isinstance(a, Create)]
+        if created and exp.stopping is None:
+            for action in created:
+                self._enqueue_trial(exp, exp.trial_of[action.request_id])
+            self._schedule()
         self._maybe_finish(exp)
 
     @staticmethod
@@ -288,8 +349,17 @@ class Engine:
             f"kill the experiment and start it again"
         )
 
-    def _launch(self, exp: ExperimentRun, trial_id: int) -> None:
-        from det_local.trial.info import ClusterInfo, TrialInfo
+    def _start_trial(
+        self,
+        exp: ExperimentRun,
+        trial_id: int,
+        job: JobRecord,
+        slots: list[int],
+        token: str,
+        run_id: int,
+    ) -> None:
+        """The scheduler gave the trial its slots (recorded in its job): start its process."""
+        from det_local.trial.info import ClusterInfo, ResourcesInfo, TrialInfo
 
         try:
             latest, steps = self._resume_point(trial_id)
@@ -299,8 +369,9 @@ class Engine:
         trial = self.store.get_trial(trial_id)
         if trial.state == State.PAUSED:
             self.store.set_trial_state(trial_id, State.ACTIVE)
-        run_id = self.store.next_trial_run(trial_id)
-        token = secrets.token_hex(16)
+        gpu_uuids = [
+            s.uuid for s in self.inventory.slots if s.index in slots and s.uuid is not None
+        ]
         rec = self.store.get_experiment(exp.id)
         context = Path(rec.context_dir)
         info_dir = self.paths.trial_info_dir(exp.id, trial_id, run_id)
@@ -309,7 +380,7 @@ class Engine:
             master_url="unix://" + str(self.paths.socket),
             cluster_id="det-local",
             agent_id=os.uname().nodename,
-            slot_ids=[],
+            slot_ids=list(slots),
             task_id=f"{exp.id}.{trial_id}",
             allocation_id=f"{exp.id}.{trial_id}.{run_id}",
             session_token=token,
@@ -326,8 +397,10 @@ class Engine:
                 debug=bool(config.get("debug")),
             ),
             user_data=config.get("data") or {},
+            resources_info=ResourcesInfo(gpu_uuids),
         )
         info._to_files(info_dir)
+        identity = _identity(job.uid)
         plan = LaunchPlan(
             argv=entrypoint_argv(config["entrypoint"], context),
             env=trial_env(
@@ -340,58 +413,61 @@ class Engine:
                 config=config,
                 steps_completed=steps,
                 latest_checkpoint=latest,
-                slots=[],
+                slots=list(slots),
                 socket_path=str(self.paths.socket),
                 token=token,
                 info_dir=str(info_dir),
                 checkpoint_dir=str(exp.checkpoint_dir),
-                user=self.user,
+                user=job.user,
                 extra=config_env_vars(config)
-                + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else []),
+                + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else [])
+                + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"],
             ),
             cwd=str(context),
-            user=self.user,
-            slots=[],
+            user=job.user,
+            slots=list(slots),
             log_path=str(self.paths.trial_log(exp.id, trial_id)),
             info_dir=str(info_dir),
+            **identity,
         )
         exp.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if identity:
+            _share_with(identity["uid"], identity["gid"], info_dir, exp.checkpoint_dir)
+        run = TrialRun(trial_id, exp.id, exp.request_of[trial_id], run_id, token, job.id, 0)
+        self.runs[trial_id] = run  # before the spawn: a fast trial may connect at once
         try:
-            proc = executor.spawn(plan)
+            proc = self._spawn(job, plan)
         except DetLocalError as err:
+            del self.runs[trial_id]
+            self._finish_trial_job(trial_id, None, str(err))
             self._trial_failed_to_start(exp, trial_id, f"trial {trial_id}: {err}")
             return
-        run = TrialRun(trial_id, exp.id, exp.request_of[trial_id], run_id, token, proc, plan)
-        self.runs[trial_id] = run
-        assert self.loop is not None
-        if proc.pidfd is not None:
-            self.loop.add_reader(proc.pidfd, self._on_exit, run)
-        else:  # no pidfd (old kernel): a bounded supervision tick
-            self._watch_without_pidfd(run)
-        self._check_idle()
+        run.pid = proc.pid
 
-    def _watch_without_pidfd(self, run: TrialRun) -> None:
-        assert self.loop is not None
-        if executor.exit_code(run.proc) is not None:
-            self._on_exit(run)
-        else:
-            self.loop.call_later(0.05, self._watch_without_pidfd, run)
+    def _adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun:
+        """A TrialRun for a trial process an earlier daemon started (its token is in the job)."""
+        assert job.trial_id is not None
+        run = TrialRun(
+            job.trial_id,
+            exp.id,
+            exp.request_of[job.trial_id],
+            job.run_id,
+            job.token or "",
+            job.id,
+            job.pid or 0,
+        )
+        self.runs[job.trial_id] = run
+        return run
 
     def _trial_failed_to_start(self, exp: ExperimentRun, trial_id: int, message: str) -> None:
         self.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
+        self._finish_trial_job(trial_id, None, message)
         self.store.set_trial_state(trial_id, State.ERROR, message)
         self._apply(exp, exp.searcher.on_trial_exited_early(exp.request_of[trial_id], "ERRORED"))
 
     # ================================================================== process exits
-    def _on_exit(self, run: TrialRun) -> None:
-        assert self.loop is not None
-        code = executor.exit_code(run.proc)
-        if code is None:
-            return  # spurious wakeup
-        if run.proc.pidfd is not None:
-            self.loop.remove_reader(run.proc.pidfd)
-        executor.close(run.proc)
-        executor.kill_group(run.proc.pid)  # no orphans: the group goes with its leader
+    def _on_trial_exit(self, run: TrialRun, code: int) -> None:
+        """The trial's process group is gone (reaped by the queue): decide what it means."""
         for t in run.timers:
             t.cancel()
         for w in run.writers:
@@ -410,10 +486,13 @@ class Engine:
                 invalid_hp=run.invalid_hp,
                 restarts_done=trial.restarts,
                 max_restarts=max_restarts,
+                requeue_requested=run.requeue_requested,
             )
         )
         rid = run.request_id
         tid = run.trial_id
+        if outcome not in (Outcome.REQUEUE, Outcome.RESTART):
+            self._finish_trial_job(tid, code, outcome.value)
         if outcome == Outcome.COMPLETED and self._test_mode_restore(exp, run):
             pass
         elif outcome in (Outcome.COMPLETED, Outcome.STOPPED):
@@ -431,7 +510,7 @@ class Engine:
                 trial_id=tid,
             )
         elif outcome == Outcome.REQUEUE:
-            self._launch(exp, tid)
+            self._enqueue_trial(exp, tid)
         elif outcome == Outcome.CANCELED:
             self.store.set_trial_state(tid, State.CANCELED)
             self._apply(exp, exp.searcher.on_trial_exited_early(rid, "USER_CANCELED"))
@@ -444,7 +523,7 @@ class Engine:
                 trial_id=tid,
                 level="WARNING",
             )
-            self._launch(exp, tid)
+            self._enqueue_trial(exp, tid)
         else:
             msg = (
                 f"trial {tid} {describe_exit(code)}"
@@ -473,12 +552,16 @@ class Engine:
         steps = self.store.get_checkpoint(trial.latest_checkpoint).steps_completed
         exp.ops.setdefault(run.request_id, deque()).append(steps + 1)
         self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
-        self._launch(exp, run.trial_id)
+        self._enqueue_trial(exp, run.trial_id)
         return True
 
     def _maybe_finish(self, exp: ExperimentRun) -> None:
         if any(r.experiment_id == exp.id for r in self.runs.values()):
             return
+        if exp.stopping is None and any(
+            j.experiment_id == exp.id for j in self.store.jobs.active()
+        ):
+            return  # trials wait in the queue
         state = self.store.get_experiment(exp.id).state
         if exp.stopping == "kill":
             for t in self.store.list_trials(exp.id):
@@ -506,7 +589,7 @@ class Engine:
         for w in run.writers:
             _write(w, {"t": "preempt"})
         timeout = exp.config.preemption_timeout
-        timeout = DEFAULT_PREEMPTION_TIMEOUT if timeout is None else float(timeout)
+        timeout = self.settings.preemption_timeout if timeout is None else float(timeout)
         assert self.loop is not None
         run.timers.append(self.loop.call_later(timeout, self._terminate, run))
 
@@ -514,9 +597,7 @@ class Engine:
         """SIGTERM the group, then SIGKILL after a grace period."""
         if run.trial_id not in self.runs:
             return
-        executor.terminate_group(run.proc.pid)
-        assert self.loop is not None
-        run.timers.append(self.loop.call_later(KILL_GRACE, executor.kill_group, run.proc.pid))
+        self._terminate_pid(run.pid, run.job_id)
 
     def _exp(self, experiment_id: int) -> ExperimentRun:
         exp = self.experiments.get(experiment_id)
@@ -565,6 +646,7 @@ class Engine:
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
         for t in self.store.list_trials(experiment_id):
             if t.state == State.ACTIVE and t.id not in self.runs:
+                self._dequeue_trial(t.id, "experiment paused")
                 self.store.set_trial_state(t.id, State.PAUSED)
         if runs:
             exp.stopping = "pause"
@@ -595,7 +677,8 @@ class Engine:
             self.store.set_experiment_state(experiment_id, State.ACTIVE)
         for t in self.store.list_trials(experiment_id):
             if t.state in (State.PAUSED, State.ACTIVE) and t.id not in self.runs:
-                self._launch(exp, t.id)
+                self._enqueue_trial(exp, t.id)
+        self._schedule()
         self._maybe_finish(exp)
         self._check_idle()
         return f"experiment {experiment_id} activated"
@@ -606,6 +689,9 @@ class Engine:
         if state.terminal:
             return f"experiment {experiment_id} is already {state.value}"
         exp.stopping = "kill"
+        for t in self.store.list_trials(experiment_id):
+            if t.id not in self.runs:
+                self._dequeue_trial(t.id, "experiment killed")
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
         if runs:
             self.store.set_experiment_state(experiment_id, State.STOPPING_CANCELED)
@@ -638,234 +724,8 @@ class Engine:
             )
         else:
             for run in list(self.runs.values()):
-                executor.kill_group(run.proc.pid)
+                executor.kill_group(run.pid)
             self._out("det-local: stopping now; trials resume from their latest checkpoint")
-
-    # ================================================================== socket
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        from det_local import rpc
-
-        run: TrialRun | None = None
-        try:
-            while True:
-                head = await reader.readexactly(rpc.HEADER.size)
-                (size,) = rpc.HEADER.unpack(head)
-                if size > rpc.MAX_FRAME:
-                    break
-                msg = rpc.unpack(await reader.readexactly(size))
-                kind = msg.get("t")
-                if run is None:
-                    if kind == "hello":
-                        run = self._hello(msg, writer)
-                        if run is None:
-                            break
-                        continue
-                    if kind == "control":
-                        await self._control(msg, writer)
-                        continue
-                    break
-                self._handle(run, msg, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, rpc.FrameError):
-            pass
-        finally:
-            if run is not None and writer in run.writers:
-                run.writers.remove(writer)
-            writer.close()
-
-    def _hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
-        run = self.runs.get(int(msg.get("trial_id", -1)))
-        if run is None or not secrets.compare_digest(str(msg.get("token", "")), run.token):
-            _write(writer, {"t": "hello", "error": "unknown trial or wrong token"})
-            return None
-        run.writers.append(writer)
-        _write(writer, {"t": "hello", "preempt": run.preempt_sent})
-        return run
-
-    async def _control(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        uid = _peer_uid(sock) if sock is not None else None
-        reply: dict[str, Any] = {"t": "reply", "id": msg.get("id")}
-        try:
-            if uid is not None and uid not in (0, os.getuid()):
-                raise DetLocalError("permission denied: this det-local runs as another user")
-            op = msg.get("op")
-            exp_id = int(msg.get("experiment_id", 0))
-            if self.closing and op in ("submit", "activate"):
-                reply["retry"] = True
-                raise DetLocalError("this det-local engine is shutting down; ask again")
-            if op == "pause":
-                reply["value"] = self.pause(exp_id)
-            elif op == "activate":
-                reply["value"] = self.activate(exp_id)
-            elif op == "kill":
-                reply["value"] = self.kill(exp_id)
-            elif op == "label_add":
-                reply["value"] = self.set_labels(exp_id, str(msg["label"]), None)
-            elif op == "label_remove":
-                reply["value"] = self.set_labels(exp_id, None, str(msg["label"]))
-            elif op == "submit":
-                from det_local.config import parse_config
-
-                cfg = parse_config(msg["config"], source=str(msg.get("source", "<config>")))
-                reply["value"] = self.submit(
-                    cfg,
-                    Path(msg["context"]),
-                    str(msg.get("source")),
-                    test_mode=bool(msg.get("test_mode")),
-                )
-            else:
-                raise DetLocalError(f"unknown control request {op!r}")
-        except DetLocalError as err:
-            reply["error"] = str(err)
-        _write(writer, reply)
-
-    def _handle(self, run: TrialRun, msg: dict[str, Any], writer: asyncio.StreamWriter) -> None:
-        kind = msg.get("t")
-        exp = self.experiments[run.experiment_id]
-        value: Any = None
-        error: str | None = None
-        try:
-            if kind == "metrics":
-                self._on_metrics(run, exp, msg["reports"])
-                return
-            if kind == "progress":
-                self._on_progress(run, exp, float(msg["progress"]))
-                return
-            if kind == "status":
-                return
-            if kind == "checkpoint":
-                self._on_checkpoint(run, msg)
-            elif kind == "ckpt_delete":
-                self.store.mark_checkpoint_deleted(str(msg["uuid"]))
-            elif kind == "early_exit":
-                run.invalid_hp = msg.get("reason") == "INVALID_HP"
-            elif kind == "best_val":
-                value = (
-                    None
-                    if exp.best is None
-                    else (exp.best if exp.config.searcher.smaller_is_better else -exp.best)
-                )
-            elif kind == "last_val":
-                last = self.store.latest_metrics(run.trial_id, "validation")
-                value = None if last is None else last.steps_completed
-            elif kind == "op_next":
-                q = exp.ops.get(run.request_id)
-                value = q[0] if q else None
-            elif kind == "op_done":
-                self._on_op_done(run, exp, int(msg["length"]), msg.get("metric"))
-            elif kind == "out_of_ops":
-                pass
-            elif kind == "preempt_ack":
-                run.acked = True
-            elif kind == "bye":
-                pass
-            else:
-                error = f"unknown request {kind!r}"
-        except DetLocalError as err:
-            error = str(err)
-        if "id" in msg:
-            reply: dict[str, Any] = {"t": "reply", "id": msg["id"]}
-            if error is not None:
-                reply["error"] = error
-            else:
-                reply["value"] = value
-            _write(writer, reply)
-
-    # ================================================================== reports
-    def _better(self, exp: ExperimentRun, value: float, best: float | None) -> float:
-        """Best is kept as a smaller-is-better number (negated when larger is better)."""
-        return value if best is None or value < best else best
-
-    def _on_metrics(self, run: TrialRun, exp: ExperimentRun, reports: list[list[Any]]) -> None:
-        self.store.add_metrics(run.trial_id, run.run_id, reports)
-        metric = exp.config.searcher.metric
-        sign = 1.0 if exp.config.searcher.smaller_is_better else -1.0
-        if reports:
-            self.store.set_trial_steps(run.trial_id, max(int(r[1]) for r in reports))
-        for group, _steps, metrics, _t, _b in reports:
-            if group != "validation":
-                continue
-            value = metrics.get(metric)
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and not math.isnan(value)
-            ):
-                v = sign * float(value)
-                trial = self.store.get_trial(run.trial_id)
-                tb = None if trial.best_validation is None else sign * trial.best_validation
-                if tb is None or v < tb:
-                    self.store.set_best_validation(run.trial_id, float(value))
-                exp.best = self._better(exp, v, exp.best)
-            self._apply(exp, exp.searcher.on_validation(run.request_id, metrics))
-
-    def _on_progress(self, run: TrialRun, exp: ExperimentRun, progress: float) -> None:
-        exp.progress[run.trial_id] = progress
-        total = max(exp.searcher.state.trials_requested, 1)
-        done = len(exp.searcher.state.completed) + len(exp.searcher.state.failed)
-        running = sum(
-            exp.progress.get(t, 0.0) for t in self.runs if self.runs[t].experiment_id == exp.id
-        )
-        self.store.set_experiment_progress(exp.id, min((done + running) / total, 1.0))
-
-    def _on_checkpoint(self, run: TrialRun, msg: dict[str, Any]) -> None:
-        uuid_ = str(msg["uuid"])
-        try:
-            self.store.get_checkpoint(uuid_)
-            return  # a resend after a reconnect: already recorded
-        except NotFoundError:
-            pass
-        self.store.add_checkpoint(
-            CheckpointRecord(
-                uuid=uuid_,
-                experiment_id=run.experiment_id,
-                trial_id=run.trial_id,
-                steps_completed=int(msg.get("steps_completed", 0)),
-                state="COMPLETED",
-                path=str(msg["path"]),
-                metadata=dict(msg.get("metadata") or {}),
-                resources=dict(msg.get("resources") or {}),
-                created_at=time.time(),
-            )
-        )
-
-    def _on_op_done(self, run: TrialRun, exp: ExperimentRun, length: int, metric: Any) -> None:
-        q = exp.ops.get(run.request_id)
-        if not q or q[0] != length:
-            raise DetLocalError(
-                f"trial {run.trial_id}: report_completed for length {length}, but the current "
-                f"operation is {q[0] if q else 'none'}"
-            )
-        q.popleft()
-        if not isinstance(metric, (int, float)) or isinstance(metric, bool):
-            raise DetLocalError(
-                f"trial {run.trial_id}: op.report_completed() needs a number for searcher metric "
-                f"'{exp.config.searcher.metric}', found {metric!r}"
-            )
-        self._apply(exp, exp.searcher.on_op_completed(run.request_id, length, float(metric)))
-
-
-def _write(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
-    from det_local import rpc
-
-    try:
-        writer.write(rpc.pack(msg))
-    except (ConnectionError, RuntimeError):
-        pass
-
-
-def _peer_uid(sock: Any) -> int | None:
-    import socket as _socket
-    import struct
-
-    try:
-        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return int(uid)
-    except OSError:
-        return None
 
 
 def install_interrupt(engine: Engine) -> None:
@@ -882,4 +742,16 @@ def install_interrupt(engine: Engine) -> None:
         loop.add_signal_handler(signal.SIGINT, on_signal)
         loop.add_signal_handler(signal.SIGTERM, on_signal)
     except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
+        pass
+
+
+def _share_with(uid: int, gid: int | None, info_dir: Path, storage: Path) -> None:
+    """System mode: the trial runs as its submitter, who must write its info directory (and
+    TensorBoard files in it) and new checkpoints in the shared storage directory."""
+    try:
+        os.chown(info_dir, uid, gid if gid is not None else -1)
+        st = storage.stat()
+        if st.st_uid == 0 and st.st_mode & 0o1777 != 0o1777:
+            os.chmod(storage, 0o1777)  # anyone creates, only owners delete (like /tmp)
+    except OSError:
         pass

@@ -1,13 +1,19 @@
-"""Starting, signalling and reaping trial process groups.
+"""Starting, signalling, reaping and adopting job process groups.
 
-Each run is a new session (its own process group), so a terminal's Ctrl-C reaches only
+Each job is a new session (its own process group), so a terminal's Ctrl-C reaches only
 det-local, and a kill reaches every descendant (launcher workers included). Output goes
-straight to the trial's log file, so a trial never depends on the daemon's pipes.
+straight to the job's log file, so a job never depends on the daemon's pipes.
+
+The group leader is a small bash wrapper that runs the job's command, waits for it (surviving
+SIGTERM/SIGHUP/SIGINT, which reach the command through the group), and writes the command's
+exit status to an exit file. The daemon reads the status from waitpid for its own children and
+from that file for processes it adopted after a restart (not its children, so waitpid can't).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -16,21 +22,50 @@ from pathlib import Path
 from det_local.errors import TrialError
 from det_local.sched.plan import LaunchPlan
 
+# $0 is the exit file; the command runs with SIGINT/SIGQUIT at their defaults (bash resets them
+# for `trap -` in the subshell; background jobs would otherwise ignore them).
+_WRAPPER = (
+    '( trap - INT QUIT; exec "$@" ) & c=$!\n'
+    "trap : TERM HUP INT\n"
+    "while :; do wait $c; r=$?; kill -0 $c 2>/dev/null || break; done\n"
+    'echo "$r" > "$0"\n'
+    "exit $r\n"
+)
+_BASH = shutil.which("bash") or "/bin/bash"
+
 
 @dataclass
-class Running:
+class JobProc:
+    job_id: int
     pid: int
-    popen: subprocess.Popen[bytes] | None
+    popen: subprocess.Popen[bytes] | None  # None for an adopted process (not our child)
     pidfd: int | None
+    exit_file: Path
 
 
-def spawn(plan: LaunchPlan) -> Running:
+def wrap(argv: list[str], exit_file: Path) -> list[str]:
+    return [_BASH, "-c", _WRAPPER, str(exit_file), *argv]
+
+
+def spawn(job_id: int, plan: LaunchPlan, exit_file: Path) -> JobProc:
     log = Path(plan.log_path)
     log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    exit_file.parent.mkdir(parents=True, exist_ok=True)
     try:
-        popen = subprocess.Popen(
-            plan.argv,
+        exit_file.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    as_user: dict[str, object] = {}
+    if plan.uid is not None and os.geteuid() == 0 and plan.uid != 0:
+        # system mode: the job runs as its submitter
+        os.fchown(fd, plan.uid, plan.gid if plan.gid is not None else -1)
+        if exit_file.parent.stat().st_uid != plan.uid:
+            os.chown(exit_file.parent, plan.uid, plan.gid if plan.gid is not None else -1)
+        as_user = {"user": plan.uid, "group": plan.gid, "extra_groups": plan.groups or []}
+    try:
+        popen = subprocess.Popen(  # type: ignore[call-overload]
+            wrap(plan.argv, exit_file),
             cwd=plan.cwd,
             env=plan.env,
             stdin=subprocess.DEVNULL,
@@ -38,6 +73,7 @@ def spawn(plan: LaunchPlan) -> Running:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            **as_user,
         )
     except OSError as err:
         raise TrialError(
@@ -45,11 +81,89 @@ def spawn(plan: LaunchPlan) -> Running:
         ) from None
     finally:
         os.close(fd)
+    return JobProc(job_id, popen.pid, popen, _pidfd(popen.pid), exit_file)
+
+
+def adopt(job_id: int, pid: int, exit_file: Path) -> JobProc | None:
+    """Watch a process started by an earlier daemon; None if it is gone."""
+    fd = _pidfd(pid)
+    if fd is None:
+        return None
+    return JobProc(job_id, pid, None, fd, exit_file)
+
+
+def _pidfd(pid: int) -> int | None:
     try:
-        pidfd: int | None = os.pidfd_open(popen.pid)
+        return os.pidfd_open(pid)
     except (AttributeError, OSError):
-        pidfd = None
-    return Running(popen.pid, popen, pidfd)
+        return None
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time (psutil's create_time), to tell it from a reused pid."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def is_same_process(pid: int, started: float | None) -> bool:
+    if started is None:
+        return False
+    now = start_time(pid)
+    if now is None:
+        return False
+    import psutil
+
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return False
+    return abs(now - started) < 0.5
+
+
+def exit_code(proc: JobProc) -> int | None:
+    """The exit code once the process has exited (negative for a signal, from waitpid), else
+    None. For an adopted process: the wrapper's exit file, or -9 when it left none (killed)."""
+    if proc.popen is not None:
+        return proc.popen.poll()
+    if is_alive(proc.pid):
+        return None
+    return read_exit_file(proc.exit_file, default=-signal.SIGKILL)
+
+
+def read_exit_file(path: Path, default: int | None = None) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return default
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def close(proc: JobProc) -> None:
+    if proc.pidfd is not None:
+        try:
+            os.close(proc.pidfd)
+        except OSError:
+            pass
+        proc.pidfd = None
 
 
 def signal_group(pid: int, sig: int) -> bool:
@@ -57,9 +171,7 @@ def signal_group(pid: int, sig: int) -> bool:
     try:
         os.killpg(pid, sig)
         return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
 
 
@@ -69,22 +181,6 @@ def group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def exit_code(run: Running) -> int | None:
-    """The exit code once the leader has exited (negative for a signal), else None."""
-    if run.popen is not None:
-        return run.popen.poll()
-    return None
-
-
-def close(run: Running) -> None:
-    if run.pidfd is not None:
-        try:
-            os.close(run.pidfd)
-        except OSError:
-            pass
-        run.pidfd = None
 
 
 def terminate_group(pid: int) -> None:

@@ -27,6 +27,7 @@ class ExitFacts:
     invalid_hp: bool
     restarts_done: int
     max_restarts: int
+    requeue_requested: bool = False  # the scheduler preempted it for more important work
 
 
 def decide(f: ExitFacts) -> Outcome:
@@ -38,6 +39,8 @@ def decide(f: ExitFacts) -> Outcome:
         return Outcome.STOPPED
     if f.pause_requested:
         return Outcome.PAUSED
+    if f.requeue_requested and (f.exit_code != 0 or f.preempt_acknowledged):
+        return Outcome.REQUEUE  # it checkpointed and left, or was stopped after the timeout
     if f.preempt_acknowledged and f.exit_code == 0:
         return Outcome.REQUEUE
     if f.exit_code == 0:

@@ -35,6 +35,9 @@ class LaunchPlan:
     log_path: str
     info_dir: str
     ports: dict[str, int] = field(default_factory=dict)
+    uid: int | None = None  # run as this user (system mode); None: as the daemon's user
+    gid: int | None = None
+    groups: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,22 +47,35 @@ class LaunchPlan:
         return {k: v for k, v in self.env.items() if os.environ.get(k) != v}
 
 
-def entrypoint_argv(entrypoint: str | list[str], context_dir: Path) -> list[str]:
-    """argv for an entrypoint: strings run through a shell, lists are exec'd; the context's
-    startup-hook.sh is sourced first, in the same shell."""
+HARNESS_MODULE = "det_local.trial.harness"
+MULTI_SLOT_LEGACY = (
+    "multi-slot trials need the torch_distributed launcher, coming in a later det-local version"
+)
+
+
+def entrypoint_argv(
+    entrypoint: str | list[str], context_dir: Path, *, slots_per_trial: int = 1
+) -> list[str]:
+    """argv for an entrypoint: strings run through a shell, lists are exec'd, a legacy
+    `module:TrialClass` runs in det-local's Trial harness (Determined's determined.exec.harness);
+    the context's startup-hook.sh is sourced first, in the same shell."""
+    has_hook = (context_dir / HOOK).is_file()
     if isinstance(entrypoint, str) and LEGACY_TRIAL.match(entrypoint.strip()):
-        raise NotSupportedYet(
-            f"entrypoint '{entrypoint}' names a Trial class; Trial-class entrypoints are not "
-            "supported by this det-local version yet; use a script entrypoint such as "
-            "'python3 train.py'"
-        )
+        if slots_per_trial > 1:
+            raise NotSupportedYet(
+                f"entrypoint '{entrypoint.strip()}' with resources.slots_per_trial: "
+                f"{slots_per_trial}: {MULTI_SLOT_LEGACY}; use slots_per_trial: 1 for now"
+            )
+        argv = [sys.executable, "-m", HARNESS_MODULE, entrypoint.strip()]
+        if not has_hook:
+            return argv
+        return ["bash", "-c", f'. ./{HOOK} || exit $?\nexec "$@"', "det-local-trial", *argv]
     text = entrypoint if isinstance(entrypoint, str) else " ".join(entrypoint)
     if "determined.launch." in text or "det_local.launch." in text:
         raise NotSupportedYet(
             f"entrypoint '{text}' uses a launcher; launchers (torch_distributed, deepspeed, "
             "horovod) are not supported by this det-local version yet; run the script directly"
         )
-    has_hook = (context_dir / HOOK).is_file()
     if isinstance(entrypoint, list):
         if not has_hook:
             return list(entrypoint)
@@ -83,6 +99,9 @@ def check_entrypoint(
         raise ConfigError(
             f"entrypoint is missing in {source}: add e.g. 'entrypoint: python3 train.py'"
         )
+    if isinstance(entrypoint, str) and LEGACY_TRIAL.match(entrypoint.strip()):
+        _check_trial_module(entrypoint.strip(), context_dir, source, snapshot)
+        return
     words = shlex.split(entrypoint) if isinstance(entrypoint, str) else list(entrypoint)
     if not words:
         raise ConfigError(
@@ -120,6 +139,30 @@ def check_entrypoint(
                 f"{context_dir}; check the entrypoint or the CONTEXT argument"
             )
         _check_in_snapshot(script, context_dir, snapshot, source)
+
+
+def trial_module_files(module: str) -> tuple[str, str]:
+    """The two files a Trial entrypoint's module can be, relative to the context: `a/b.py` and
+    `a/b/__init__.py` for `a.b` (dotted names are packages)."""
+    rel = module.replace(".", "/")
+    return f"{rel}.py", f"{rel}/__init__.py"
+
+
+def _check_trial_module(
+    entrypoint: str, context_dir: Path, source: str, snapshot: Path | None
+) -> None:
+    """A legacy `module:TrialClass` entrypoint: the module's file must be in the context (and in
+    the experiment's copy of it); the class itself is checked when the trial imports it."""
+    module = entrypoint.partition(":")[0]
+    as_file, as_package = trial_module_files(module)
+    found = next((f for f in (as_file, as_package) if (context_dir / f).is_file()), None)
+    if found is None:
+        raise ConfigError(
+            f"entrypoint '{entrypoint}' in {source}: module '{module}' is not in the context "
+            f"directory {context_dir}: expected {as_file} (or {as_package}) there; check the "
+            "entrypoint or the CONTEXT argument"
+        )
+    _check_in_snapshot(found, context_dir, snapshot, source)
 
 
 def _check_in_snapshot(rel: str, context_dir: Path, snapshot: Path | None, source: str) -> None:

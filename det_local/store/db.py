@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import NotFoundError
+from det_local.store.jobs import JobTable
 from det_local.store.records import CheckpointRecord, ExperimentRecord, MetricRecord, TrialRecord
 from det_local.store.states import State, check_transition
 
@@ -35,7 +36,8 @@ CREATE TABLE IF NOT EXISTS experiments (
     progress REAL NOT NULL DEFAULT 0,
     message TEXT,
     config TEXT NOT NULL,
-    searcher_state TEXT
+    searcher_state TEXT,
+    priority INTEGER
 );
 CREATE TABLE IF NOT EXISTS trials (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -120,13 +122,25 @@ class Store:
         self.path = db_path
         self.readonly = readonly
         if readonly:
-            if not db_path.exists():
-                self.conn = sqlite3.connect(":memory:", check_same_thread=False)
-                self.conn.executescript(SCHEMA)
-            else:
-                self.conn = sqlite3.connect(
+            conn = None
+            if db_path.exists():
+                conn = sqlite3.connect(
                     f"file:{db_path}?mode=ro", uri=True, check_same_thread=False, timeout=10
                 )
+                ready = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
+                ).fetchone()
+                if not ready:  # the writer has created the file but not its tables yet
+                    conn.close()
+                    conn = None
+            if conn is None:  # nothing recorded yet: an empty store
+                conn = sqlite3.connect(":memory:", check_same_thread=False)
+                conn.executescript(SCHEMA)
+                self.conn = conn
+                self.jobs = JobTable(conn, readonly=False)
+            else:
+                self.conn = conn
+                self.jobs = JobTable(conn, readonly=True)
         else:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(
@@ -139,6 +153,7 @@ class Store:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
             )
+            self.jobs = JobTable(self.conn, readonly=False)
 
     def close(self) -> None:
         self.conn.close()
@@ -200,6 +215,15 @@ class Store:
             "UPDATE experiments SET labels=? WHERE id=?",
             (_dumps(sorted(set(labels))), experiment_id),
         )
+
+    def set_experiment_priority(self, experiment_id: int, priority: int) -> None:
+        self._write("UPDATE experiments SET priority=? WHERE id=?", (priority, experiment_id))
+
+    def get_experiment_priority(self, experiment_id: int) -> int | None:
+        row = self.conn.execute(
+            "SELECT priority FROM experiments WHERE id=?", (experiment_id,)
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def set_searcher_state(self, experiment_id: int, state: dict[str, Any]) -> None:
         self._write(

@@ -38,6 +38,11 @@ class Paths:
         return self.home / "det-local.db"
 
     @property
+    def settings(self) -> Path:
+        """The daemon's settings (scheduler mode, preemption, quotas, CPU slots)."""
+        return self.home / "daemon.yaml"
+
+    @property
     def queue(self) -> Path:
         return self.home / "queue"
 
@@ -84,6 +89,17 @@ class Paths:
     def trial_info_dir(self, experiment_id: int, trial_id: int, run_id: int) -> Path:
         """cluster.json / trial.json for one run of a trial (what get_cluster_info() reads)."""
         return self.trial_dir(experiment_id, trial_id) / "runs" / str(run_id)
+
+    # -- jobs (commands, and the exit files of every job) ------------------------------------
+    def job_dir(self, job_id: int) -> Path:
+        return self.home / "jobs" / str(job_id)
+
+    def job_exit_file(self, job_id: int, run_id: int) -> Path:
+        """Where a job's wrapper writes its exit status (read after a daemon restart)."""
+        return self.job_dir(job_id) / f"exit-{run_id}"
+
+    def command_log(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / "output.log"
 
     def ensure(self) -> Paths:
         for d in (self.home, self.queue, self.run_dir, self.checkpoints):

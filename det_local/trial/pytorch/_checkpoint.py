@@ -16,6 +16,7 @@ The key names are Determined's, so checkpoints move between the two in both dire
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import json
 import logging
@@ -25,8 +26,10 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +93,13 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------- code/ and class spec
-def write_code(ckpt_dir: Path, exclude: Sequence[Path] = ()) -> None:
-    """Copy the working directory (filtered by .detignore) to ckpt_dir/code, leaving out
-    `exclude` (the checkpoint storage, when it lies inside). Skipped with a warning when the
+def write_code(ckpt_dir: Path, exclude: Sequence[Path] = (), root: Path | None = None) -> None:
+    """Copy the working directory (or `root`), filtered by .detignore, to ckpt_dir/code, leaving
+    out `exclude` (the checkpoint storage, when it lies inside). Skipped with a warning when the
     directory cannot be listed (too large, unreadable files)."""
     from det_local.store.context import list_context
 
-    root = Path.cwd()
+    root = Path.cwd() if root is None else root
     try:
         files = list_context(root)
     except DetLocalError as err:
@@ -147,20 +150,14 @@ def _qualname_of(spec: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------------------- saving
-def save(
-    ckpt_dir: Path,
-    *,
+def capture(
     context: PyTorchTrialContext,
-    trial: Any,
     callbacks: dict[str, PyTorchCallback],
-    trial_state: dict[str, Any],
-    exclude: Sequence[Path] = (),
     extra: dict[str, Any] | None = None,
-) -> None:
-    """Write the trial's checkpoint files into ckpt_dir (metadata.json is core's). `extra` is
-    det-local's own state, saved under the "det_local" key (Determined ignores it)."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    write_code(ckpt_dir, exclude)
+) -> dict[str, Any]:
+    """The state_dict.pth dict of the trial as it is now (its tensors are the live ones).
+    `extra` is det-local's own state, saved under the "det_local" key (Determined ignores it).
+    Callbacks' on_checkpoint_save_start() may add to it."""
     checkpoint: dict[str, Any] = {
         "models_state_dict": [m.state_dict() for m in context.models],
         "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
@@ -174,9 +171,47 @@ def save(
         checkpoint["det_local"] = dict(extra)
     for cb in callbacks.values():
         cb.on_checkpoint_save_start(checkpoint)
-    torch.save(checkpoint, str(ckpt_dir / "state_dict.pth"))
-    with open(ckpt_dir / "trial_state.pkl", "wb") as f:
-        pickle.dump(dict(trial_state), f)
+    return checkpoint
+
+
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device)
+
+
+def host_copy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A snapshot of `obj` that later training cannot change: every tensor copied to the host
+    (CPU tensors cloned too), containers rebuilt, other mutable values deep-copied. A tensor that
+    appears twice (tied weights) is copied once and stays shared."""
+    memo = {} if memo is None else memo
+    key = id(obj)
+    if key in memo:
+        return memo[key]
+    out: Any
+    if isinstance(obj, torch.Tensor):
+        out = obj.detach().to("cpu", copy=True)
+    elif isinstance(obj, _IMMUTABLE):
+        return obj
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the type, a state_dict's _metadata, a default_factory
+        for k, v in obj.items():
+            out[k] = host_copy(v, memo)
+    elif isinstance(obj, list):
+        out = [host_copy(v, memo) for v in obj]
+    elif isinstance(obj, tuple):
+        items = [host_copy(v, memo) for v in obj]
+        make = getattr(obj, "_make", None) if hasattr(obj, "_fields") else None
+        out = make(items) if make is not None else type(obj)(items)
+    else:
+        try:
+            out = copy.deepcopy(obj)
+        except Exception:
+            logger.debug(f"checkpoint snapshot keeps a {type(obj).__name__} as is: cannot copy")
+            out = obj
+    memo[key] = out
+    return out
+
+
+def load_data_of(context: PyTorchTrialContext, trial: Any) -> dict[str, Any]:
+    """load_data.json: what load_trial_from_checkpoint_path needs to rebuild the trial."""
     spec, in_main = trial_cls_spec(type(trial))
     load_data: dict[str, Any] = {
         "trial_type": "PyTorchTrial",
@@ -189,11 +224,130 @@ def save(
         load_data["trial_in_main"] = True
     if context._is_pre_trainer:
         load_data.pop("is_trainer")
+    return load_data
+
+
+_CRC_LOCK = threading.Lock()
+
+
+def torch_save(obj: Any, path: Path, fsync: bool = False) -> None:
+    """torch.save without the zip CRC-32 (most of torch.save's cost: PyTorch #124195). torch.load
+    of every version reads such a file (its zip reader does not check CRCs); only zip tools warn.
+    The switch is process-wide for the duration of the call."""
+    getter = getattr(torch.serialization, "get_crc32_options", None)
+    setter = getattr(torch.serialization, "set_crc32_options", None)
+    if getter is None or setter is None:  # pragma: no cover - torch < 2.4
+        torch.save(obj, str(path))
+    else:
+        with _CRC_LOCK:
+            before = getter()
+            setter(False)
+            try:
+                torch.save(obj, str(path))
+            finally:
+                setter(before)
+    if fsync:
+        _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(
+    ckpt_dir: Path,
+    checkpoint: dict[str, Any],
+    *,
+    trial_state: dict[str, Any],
+    load_data: dict[str, Any],
+    code_root: Path | None = None,
+    exclude: Sequence[Path] = (),
+    fsync: bool = False,
+) -> None:
+    """Write the checkpoint files into ckpt_dir (metadata.json is core's). With `fsync`,
+    state_dict.pth, trial_state.pkl, load_data.json and their directory entries are on the disk
+    when this returns (code/ is not synced: a resume does not read it)."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    write_code(ckpt_dir, exclude, root=code_root)
+    torch_save(checkpoint, ckpt_dir / "state_dict.pth", fsync=fsync)
+    with open(ckpt_dir / "trial_state.pkl", "wb") as f:
+        pickle.dump(trial_state, f)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     with open(ckpt_dir / "load_data.json", "w") as f:
         json.dump(load_data, f, default=str)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    if fsync:
+        _fsync(ckpt_dir)
+
+
+def save(
+    ckpt_dir: Path,
+    *,
+    context: PyTorchTrialContext,
+    trial: Any,
+    callbacks: dict[str, PyTorchCallback],
+    trial_state: dict[str, Any],
+    exclude: Sequence[Path] = (),
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write the trial's checkpoint files into ckpt_dir, on the calling thread."""
+    checkpoint = capture(context, callbacks, extra)
+    write(
+        ckpt_dir,
+        checkpoint,
+        trial_state=dict(trial_state),
+        load_data=load_data_of(context, trial),
+        exclude=exclude,
+    )
     for cb in callbacks.values():
         cb.on_checkpoint_end(str(ckpt_dir))
         cb.on_checkpoint_write_end(str(ckpt_dir))
+
+
+class AsyncWrite:
+    """One checkpoint being written by a background thread: `job` writes the files and reports
+    the checkpoint. wait() joins it and raises a CheckpointError if it failed."""
+
+    def __init__(self, job: Callable[[], None], *, uuid: str, steps: int, path: Path) -> None:
+        self.uuid = uuid
+        self.steps = steps
+        self.path = path
+        self.write_ms: float | None = None
+        self._job = job
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"det-local-checkpoint-{uuid[:8]}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._job()
+        except BaseException as err:  # surfaced on the training thread by wait()
+            self._error = err
+        self.write_ms = (time.perf_counter() - started) * 1000
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            err = self._error
+            raise CheckpointError(
+                f"checkpoint {self.uuid} (batch {self.steps}) failed to write in the background "
+                f"to {self.path}: {_one_line(err)}; it was not saved (the checkpoint before it "
+                "is the latest): fix the cause (disk space, permissions) and resume from that one"
+            ) from err
 
 
 # ---------------------------------------------------------------------------- reading

@@ -16,6 +16,7 @@ class PyTorchExperimentalContext:
         self._auto_amp = False
         self._data_repro_checks_disabled = False
         self._auto_to_device = True
+        self._async_checkpointing = False
 
     def use_amp(self) -> None:
         """Automatic mixed precision with a default GradScaler: forward passes of models wrapped
@@ -37,3 +38,13 @@ class PyTorchExperimentalContext:
         """Do not move batches to the device before train_batch()/evaluate_batch()."""
         self._auto_to_device = False
         logger.info("disabled automatically moving data to device")
+
+    def enable_async_checkpointing(self) -> None:
+        """Write checkpoints in the background (a det-local extension: Determined's are
+        synchronous). Training stops only while the state is copied to host memory; a background
+        thread then writes and fsyncs the files and reports the checkpoint. One write is in
+        flight at a time: the next checkpoint, the end of fit() and a preemption exit wait for
+        it, and a failed write raises on the training thread there. Costs host memory for one
+        copy of the checkpointed state while it is written."""
+        self._async_checkpointing = True
+        logger.info("enabled asynchronous checkpointing")

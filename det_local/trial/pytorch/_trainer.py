@@ -30,6 +30,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -179,6 +180,10 @@ class Trainer:
         self._core = context._core
         self._info = get_cluster_info()
         self._local_training = self._info is None or self._info.task_type != "TRIAL"
+        #: one entry per checkpoint this trainer wrote: uuid, steps_completed, async,
+        #: block_ms (training blocked), and for async ones d2h_ms (the host copy) and write_ms
+        #: (the background write, once it has finished)
+        self.checkpoint_timings: list[dict[str, Any]] = []
 
     def configure_profiler(self, *args: Any, **kwargs: Any) -> None:
         logger.error(
@@ -299,6 +304,7 @@ class Trainer:
             test_mode=test_mode,
             trial_id=trial_id,
             profiling_enabled=profiling_enabled,
+            checkpoint_timings=self.checkpoint_timings,
         )
         controller.run()
 
@@ -384,6 +390,7 @@ class _TrialController:
         test_mode: bool,
         trial_id: int,
         profiling_enabled: bool,
+        checkpoint_timings: list[dict[str, Any]] | None = None,
     ) -> None:
         check_trial(trial)
         self.trial = trial
@@ -431,6 +438,9 @@ class _TrialController:
         self.train_enum: Any = None
         self.train_shuffle: ReproducibleShuffleSampler | None = None
         self._tb_warned = False
+        self.async_checkpointing = context.experimental._async_checkpointing
+        self.pending_write: _checkpoint.AsyncWrite | None = None
+        self.checkpoint_timings = [] if checkpoint_timings is None else checkpoint_timings
 
     def _build_callbacks(self) -> dict[str, PyTorchCallback]:
         callbacks = self.trial.build_callbacks()
@@ -490,7 +500,12 @@ class _TrialController:
                 stack.callback(self.core.profiler.off)
             if self.context.profiler is not None:
                 stack.enter_context(self.context.profiler)
-            self._run()
+            try:
+                self._run()
+            except BaseException:
+                self._abandon_write()
+                raise
+            self._collect_write(wait=True)
 
     def _close_iterator(self) -> None:
         # Drop the iterator explicitly so multiprocess loader workers shut down now.
@@ -601,6 +616,8 @@ class _TrialController:
                 boundary.limit_reached = False
             if hit and self.context.get_enable_tensorboard_logging():
                 self._upload_tb_files()
+            if self.pending_write is not None:
+                self._collect_write(wait=False)
             self._check_stop()
         if self.exhausted and self._steps_until_complete(length) > 0:
             logger.warning(
@@ -887,6 +904,7 @@ class _TrialController:
         if self.is_chief:
             self.core.train.set_status("checkpointing")
         self.state.last_ckpt = self.state.batches_trained
+        is_async = self.async_checkpointing and self.is_chief
         try:
             uuid = ""
             if self.is_chief:
@@ -897,20 +915,34 @@ class _TrialController:
                     "format": "pickle",
                 }
                 storage = getattr(self.core.checkpoint, "_storage", None)
-                with self.core.checkpoint.store_path(metadata) as (path, storage_id):
-                    _checkpoint.save(
-                        path,
-                        context=self.context,
-                        trial=self.trial,
-                        callbacks=self.callbacks,
-                        trial_state=vars(self.state),
-                        exclude=[storage] if storage is not None else [],
-                        extra=self._det_local_state(),
+                exclude = [storage] if storage is not None else []
+                if is_async:
+                    uuid = self._checkpoint_async(metadata, exclude)
+                else:
+                    started = time.perf_counter()
+                    with self.core.checkpoint.store_path(metadata) as (path, storage_id):
+                        _checkpoint.save(
+                            path,
+                            context=self.context,
+                            trial=self.trial,
+                            callbacks=self.callbacks,
+                            trial_state=vars(self.state),
+                            exclude=exclude,
+                            extra=self._det_local_state(),
+                        )
+                        uuid = storage_id
+                    self.checkpoint_timings.append(
+                        {
+                            "uuid": uuid,
+                            "steps_completed": self.state.batches_trained,
+                            "async": False,
+                            "block_ms": (time.perf_counter() - started) * 1000,
+                        }
                     )
-                    uuid = storage_id
             uuid = self.dist.broadcast(uuid)
-            for cb in self.callbacks.values():
-                cb.on_checkpoint_upload_end(uuid=uuid)
+            if not is_async:  # an async one's callbacks run once it is written
+                for cb in self.callbacks.values():
+                    cb.on_checkpoint_upload_end(uuid=uuid)
         except InvalidHP:
             if not already_exiting:
                 from det_local.trial.core import EarlyExitReason
@@ -918,6 +950,85 @@ class _TrialController:
                 self.core.train.report_early_exit(EarlyExitReason.INVALID_HP)
                 raise _ShouldExit(skip_exit_checkpoint=True) from None
             raise
+
+    def _checkpoint_async(self, metadata: dict[str, Any], exclude: list[Any]) -> str:
+        """Snapshot the state to host memory here; write and report it on a background thread.
+        Waits first for the previous write (one in flight at a time)."""
+        started = time.perf_counter()
+        self._collect_write(wait=True)
+        copy_started = time.perf_counter()
+        checkpoint = _checkpoint.host_copy(
+            _checkpoint.capture(self.context, self.callbacks, self._det_local_state())
+        )
+        d2h_ms = (time.perf_counter() - copy_started) * 1000
+        trial_state = dict(vars(self.state))
+        load_data = _checkpoint.host_copy(_checkpoint.load_data_of(self.context, self.trial))
+        code_root = Path.cwd()
+        store = self.core.checkpoint.store_path(metadata)
+        path, uuid = store.__enter__()
+
+        def job() -> None:
+            try:
+                _checkpoint.write(
+                    path,
+                    checkpoint,
+                    trial_state=trial_state,
+                    load_data=load_data,
+                    code_root=code_root,
+                    exclude=exclude,
+                    fsync=True,
+                )
+            except BaseException as err:
+                store.__exit__(type(err), err, err.__traceback__)  # removes the directory
+                raise
+            store.__exit__(None, None, None)  # metadata.json, then reported to det-local
+
+        self.pending_write = _checkpoint.AsyncWrite(
+            job, uuid=uuid, steps=self.state.batches_trained, path=path
+        )
+        self.checkpoint_timings.append(
+            {
+                "uuid": uuid,
+                "steps_completed": self.state.batches_trained,
+                "async": True,
+                "block_ms": (time.perf_counter() - started) * 1000,
+                "d2h_ms": d2h_ms,
+                "write_ms": None,
+            }
+        )
+        return str(uuid)
+
+    def _collect_write(self, wait: bool) -> None:
+        """Finish the background write (waiting for it if `wait`): raise if it failed, else run
+        the callbacks' end-of-checkpoint hooks."""
+        pending = self.pending_write
+        if pending is None or not (wait or pending.done()):
+            return
+        self.pending_write = None
+        pending.wait()
+        for entry in reversed(self.checkpoint_timings):
+            if entry["uuid"] == pending.uuid:
+                entry["write_ms"] = pending.write_ms
+                logger.info(
+                    f"checkpoint {pending.uuid} (batch {pending.steps}) written in the background "
+                    f"in {pending.write_ms or 0:.0f} ms; training was blocked "
+                    f"{entry['block_ms']:.1f} ms"
+                )
+                break
+        for cb in self.callbacks.values():
+            cb.on_checkpoint_end(str(pending.path))
+            cb.on_checkpoint_write_end(str(pending.path))
+        for cb in self.callbacks.values():
+            cb.on_checkpoint_upload_end(uuid=pending.uuid)
+
+    def _abandon_write(self) -> None:
+        """Training failed: still finish the write in flight, logging (not raising) its error."""
+        if self.pending_write is None:
+            return
+        try:
+            self._collect_write(wait=True)
+        except Exception as err:
+            logger.error(str(err))
 
     def _load(self, ckpt_dir: Any, uuid: str, saved: dict[str, Any] | None) -> None:
         where = f"checkpoint {uuid}"

@@ -1,0 +1,315 @@
+"""Trainer overhead: the same MLP, data and seed trained three ways in one run, timed per batch.
+
+(a) a hand-written PyTorch loop; (b) det-local's pytorch.Trainer off-cluster (pytorch.init +
+Trainer.fit, the trial imported as ``from determined import pytorch`` through det-local's
+compat package); (c) Determined 0.38.1's own Trainer in local mode, from a virtual environment
+this benchmark creates once (``pip install torch==<this torch> determined==0.38.1``) and keeps
+under ~/.cache/det-local-bench/. The trial class is the same source for (b) and (c).
+
+Method (after Fabric's parity tests): one thread (torch.set_num_threads(1)); every run trains
+--batches batches from scratch and the time per batch is the median interval between the starts
+of consecutive train steps after --warmup batches; validation, checkpoints and metric reports
+fall outside that window (reporting_period is larger than the run). Each worker process
+alternates its modes --runs times after a dropped warm-up run of each; the figures are the
+medians over runs. (a) and (b) share one process; (c) runs in the Determined environment with a
+hand-written loop beside it as that process's own baseline. The det-local Trainer and the loop
+see the same batches in the same order, so their final weights must be bit-identical.
+
+Targets: det_local_ms_per_batch <= raw_ms_per_batch * 1.02 + 0.02; det_local < determined;
+weights_identical.
+
+Usage: python3 bench/trainer_overhead.py [--batches 400] [--warmup 50] [--runs 7]
+       [--skip-determined]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DETERMINED_VERSION = "0.38.1"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "det-local-bench"
+
+SEED = 1234
+DIM, HIDDEN, CLASSES, BATCH = 128, 256, 10, 64
+EPOCH_BATCHES = 50
+
+
+# ---------------------------------------------------------------------------- worker side
+def _build(torch: Any) -> tuple[Any, Any]:
+    """The model and optimizer, from the global seed."""
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(DIM, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _dataset(torch: Any, batches: int = EPOCH_BATCHES) -> Any:
+    g = torch.Generator().manual_seed(SEED + 1)
+    n = batches * BATCH
+    return torch.utils.data.TensorDataset(
+        torch.randn(n, DIM, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+    )
+
+
+def _per_batch_ms(times: list[float], warmup: int) -> float:
+    steps = [b - a for a, b in zip(times[warmup:], times[warmup + 1 :], strict=False)]
+    return statistics.median(steps) * 1000
+
+
+def _run_raw(torch: Any, batches: int) -> tuple[list[float], Any]:
+    model, opt = _build(torch)
+    loader = torch.utils.data.DataLoader(_dataset(torch), batch_size=BATCH)
+    times: list[float] = []
+    model.train()
+    while len(times) < batches:
+        for x, y in loader:
+            times.append(time.perf_counter())
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if len(times) == batches:
+                break
+    return times, model
+
+
+def _trial_class(torch: Any, pytorch: Any) -> type:
+    class MLPTrial(pytorch.PyTorchTrial):  # type: ignore[misc,name-defined]
+        def __init__(self, context: Any) -> None:
+            self.context = context
+            model, opt = _build(torch)
+            self.model = context.wrap_model(model)
+            self.opt = context.wrap_optimizer(opt)
+            self.times: list[float] = []
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            self.times.append(time.perf_counter())
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            self.context.backward(loss)
+            self.context.step_optimizer(self.opt)
+            return {"loss": loss}
+
+        def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+            x, y = batch
+            return {"val_loss": torch.nn.functional.cross_entropy(self.model(x), y)}
+
+        def build_training_data_loader(self) -> Any:
+            return pytorch.DataLoader(_dataset(torch), batch_size=BATCH)
+
+        def build_validation_data_loader(self) -> Any:
+            return pytorch.DataLoader(_dataset(torch, 1), batch_size=BATCH)
+
+    return MLPTrial
+
+
+def _run_trainer(torch: Any, batches: int) -> tuple[list[float], Any]:
+    from determined import pytorch  # det-local's compat package, or Determined itself
+
+    trial_cls = _trial_class(torch, pytorch)
+    with pytorch.init(
+        hparams={"global_batch_size": BATCH}, enable_tensorboard_logging=False
+    ) as context:
+        trial = trial_cls(context)
+        pytorch.Trainer(trial, context).fit(
+            max_length=pytorch.Batch(batches),
+            reporting_period=pytorch.Batch(10 * batches),
+            checkpoint_policy="none",
+        )
+    return trial.times, trial.model
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 4)
+
+
+def worker(modes: list[str], batches: int, warmup: int, runs: int, weights: str | None) -> None:
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # no migrations mid-run
+    logging.disable(logging.WARNING)  # local-mode notices, on both sides
+    run = {"raw": _run_raw, "trainer": _run_trainer}
+    results: dict[str, list[float]] = {m: [] for m in modes}
+    final: dict[str, Any] = {}
+    for i in range(runs + 1):  # the first round is a warm-up
+        for mode in modes if i % 2 == 0 else list(reversed(modes)):
+            times, model = run[mode](torch, batches)
+            if i > 0:
+                results[mode].append(_per_batch_ms(times, warmup))
+            final.setdefault(mode, {k: v.clone() for k, v in model.state_dict().items()})
+    if weights:
+        torch.save(final, weights)
+    import determined
+
+    print(
+        json.dumps({"runs": results, "determined": getattr(determined, "__version__", "det-local")})
+    )
+
+
+# ---------------------------------------------------------------------------- parent side
+def _determined_python(torch_version: str) -> tuple[str | None, str | None]:
+    """The venv's python with Determined installed (created on first use), or (None, error)."""
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    venv = CACHE / f"determined-{DETERMINED_VERSION}-torch-{torch_version}-{py}"
+    python = venv / "bin" / "python"
+    marker = venv / ".complete"
+    if marker.exists() and python.exists():
+        return str(python), None
+    shutil.rmtree(venv, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    print(f"creating {venv} (once): pip install torch=={torch_version} determined==...")
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300
+        )
+        proc = subprocess.run(
+            [
+                str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                f"torch=={torch_version}", f"determined=={DETERMINED_VERSION}",
+            ],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            errors = [ln for ln in proc.stderr.splitlines() if "ERROR" in ln] or [
+                proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+            ]
+            return None, f"pip install failed ({proc.returncode}): {errors[-1][:300]}"
+        subprocess.run(
+            [str(python), "-c", "import determined.pytorch, torch"],
+            check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    except (subprocess.SubprocessError, OSError) as err:
+        shutil.rmtree(venv, ignore_errors=True)
+        return None, f"could not create the Determined environment: {err}"
+    marker.write_text("ok\n")
+    return str(python), None
+
+
+def _spawn(
+    python: str,
+    modes: list[str],
+    args: argparse.Namespace,
+    tmp: str,
+    pythonpath: str | None,
+    weights: str | None = None,
+) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "DET_LOCAL_"))}
+    env.update(
+        HOME=tmp, XDG_DATA_HOME=os.path.join(tmp, "data"), OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
+    )  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    work = tempfile.mkdtemp(dir=tmp)  # the working directory a checkpoint copies to code/
+    argv = [
+        python, os.path.abspath(__file__), "--worker", ",".join(modes),
+        "--batches", str(args.batches), "--warmup", str(args.warmup), "--runs", str(args.runs),
+    ]  # fmt: skip
+    if weights:
+        argv += ["--weights", weights]
+    proc = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {modes} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--skip-determined", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--weights", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker.split(","), args.batches, args.warmup, args.runs, args.weights)
+        return
+
+    import torch
+
+    torch_version = torch.__version__.split("+")[0]
+    determined_python: str | None = None
+    determined_error: str | None = "skipped (--skip-determined)"
+    if not args.skip_determined:
+        determined_python, determined_error = _determined_python(torch_version)
+
+    with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
+        weights = os.path.join(tmp, "weights.pt")
+        compat = f"{REPO / 'det_local' / 'compat'}{os.pathsep}{REPO}"
+        ours = _spawn(sys.executable, ["raw", "trainer"], args, tmp, compat, weights)
+        final = torch.load(weights, weights_only=True)
+        identical = final["raw"].keys() == final["trainer"].keys() and all(
+            torch.equal(final["raw"][k], final["trainer"][k]) for k in final["raw"]
+        )
+        theirs: dict[str, Any] | None = None
+        if determined_python is not None:
+            try:
+                theirs = _spawn(determined_python, ["raw", "trainer"], args, tmp, None)
+            except (RuntimeError, subprocess.SubprocessError) as err:
+                determined_error = " ".join(str(err).split())[-400:]
+            else:
+                determined_error = None
+
+    raw = median(ours["runs"]["raw"])
+    det_local = median(ours["runs"]["trainer"])
+    determined = median(theirs["runs"]["trainer"]) if theirs else None
+    target = round(raw * 1.02 + 0.02, 4)
+    result: dict[str, Any] = {
+        "raw_ms_per_batch": raw,
+        "det_local_ms_per_batch": det_local,
+        "determined_ms_per_batch": determined,
+        "determined_process_raw_ms_per_batch": median(theirs["runs"]["raw"]) if theirs else None,
+        "weights_identical": identical,
+        "det_local_overhead_ms": round(det_local - raw, 4),
+        "target_det_local_max_ms": target,
+        "det_local_within_target": det_local <= target,
+        "det_local_faster_than_determined": None if determined is None else det_local < determined,
+        "determined_error": determined_error,
+        "determined_version": theirs["determined"] if theirs else None,
+        "torch": torch.__version__,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "runs": args.runs,
+        "raw_runs_ms": [round(v, 4) for v in ours["runs"]["raw"]],
+        "det_local_runs_ms": [round(v, 4) for v in ours["runs"]["trainer"]],
+        "determined_runs_ms": [round(v, 4) for v in theirs["runs"]["trainer"]] if theirs else None,
+    }
+    print(
+        f"per batch (median of {args.runs} runs of {args.batches} batches, {BATCH}x{DIM} MLP, "
+        f"1 thread): hand-written loop {raw:.4f} ms, det-local Trainer {det_local:.4f} ms "
+        f"({det_local - raw:+.4f} ms; target <= {target:.4f}), "
+        + (
+            f"Determined {DETERMINED_VERSION} Trainer {determined:.4f} ms"
+            if determined is not None
+            else f"Determined: not measured ({determined_error})"
+        )
+    )
+    print(f"final weights det-local vs loop: {'identical' if identical else 'DIFFERENT'}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""`det-local slots`: this machine's GPUs (or CPU slots), and who is using them.
+
+Top level imports typer and the standard library only; the inventory (and with it NVML and
+psutil) is loaded when the command runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import typer
+
+_NONE: Mapping[int, str] = MappingProxyType({})
+
+
+def slots_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Show this machine's slots: GPUs from NVML (or CPU slots), memory, utilisation, and who
+    uses each one, including processes det-local did not start."""
+    show_slots(as_json)
+
+
+def show_slots(
+    as_json: bool, *, our_pids: Collection[int] = (), allocations: Mapping[int, str] = _NONE
+) -> None:
+    """Discover, detect foreign processes, print. `our_pids` are the processes det-local started
+    (they are not foreign); `allocations` maps slot index -> "experiment E trial T"."""
+    from det_local.cli.common import print_json
+    from det_local.sched.slots import describe, detect_foreign, discover
+
+    inv = detect_foreign(discover(), our_pids)
+    rows = describe(inv, allocations)
+    if as_json:
+        print_json(rows)
+        return
+    print(slots_table(rows))
+    if inv.note:
+        print(inv.note)
+
+
+def slots_table(rows: list[dict[str, Any]]) -> str:
+    from det_local.cli.common import table
+
+    headers = ["Slot", "Kind", "Name", "UUID", "Memory", "Util", "Used by"]
+    return table(
+        headers,
+        [
+            [
+                r["index"],
+                r["kind"],
+                r["name"],
+                short_uuid(r["uuid"]),
+                fmt_memory(r["memory_used_mb"], r["memory_total_mb"]),
+                "-" if r["utilization_pct"] is None else f"{r['utilization_pct']}%",
+                r["used_by"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+def short_uuid(uuid: str | None) -> str:
+    """ "GPU-1a2b3c4d-...-0123456789ab" -> "GPU-1a2b3c4d..89ab": the head names the GPU to a
+    person, the tail keeps fake (and look-alike) UUIDs apart. --json has the whole UUID."""
+    if not uuid:
+        return "-"
+    if len(uuid) <= 18:
+        return uuid
+    return f"{uuid[:12]}..{uuid[-4:]}"
+
+
+def fmt_memory(used: int | None, total: int | None) -> str:
+    if total is None:
+        return "-"
+    return f"{'?' if used is None else used}/{total} MiB"

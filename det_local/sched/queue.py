@@ -1,0 +1,503 @@
+# mypy: disable-error-code="misc"
+# (the mixin methods annotate `self: Engine`; mypy checks them against the whole engine)
+"""The job queue inside the engine: slots, the scheduling pass, starting, preempting, reaping
+and adopting job processes. The policy itself (who goes first, who is preempted) is
+`sched/policy.py`; this module turns its decisions into allocations and processes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from det_local.errors import DetLocalError, StateError, TrialError
+from det_local.sched import executor
+from det_local.sched.plan import LaunchPlan
+from det_local.sched.policy import JobView, PolicyConfig, RunningJob, check_request, schedule
+from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord
+
+if TYPE_CHECKING:
+    from det_local.sched.engine import Engine, ExperimentRun
+
+TRIAL = "TRIAL"
+COMMAND = "COMMAND"
+PRIORITY_MIN, PRIORITY_MAX = 1, 99
+
+
+def check_priority(priority: int) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise DetLocalError(f"priority must be a whole number from 1 to 99, found {priority!r}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise DetLocalError(
+            f"priority {priority} is outside 1-99 (1 is the most important, 42 the default)"
+        )
+    return priority
+
+
+class QueueMixin:
+    # ------------------------------------------------------------------ views for the policy
+    def _policy_config(self: Engine) -> PolicyConfig:
+        groups: dict[str, int] = {}
+        for exp in self.experiments.values():
+            cap = exp.config.resources.max_slots
+            if cap is not None:
+                groups[f"exp:{exp.id}"] = int(cap)
+        return PolicyConfig(
+            mode=self.settings.mode,
+            preemption=self.settings.preemption,
+            group_max_slots=groups,
+            user_quota=self.settings.user_quota,
+            user_weight=self.settings.user_weight,
+        )
+
+    @staticmethod
+    def _view(job: JobRecord) -> JobView:
+        return JobView(
+            id=job.id,
+            user=job.user,
+            priority=job.priority,
+            position=job.position,
+            slots=job.slots_needed,
+            group=f"exp:{job.experiment_id}" if job.experiment_id is not None else None,
+            preemptible=job.kind == TRIAL,
+        )
+
+    def _free_slots(self: Engine, jobs: list[JobRecord]) -> list[int]:
+        used = {s for j in jobs if j.state == SCHEDULED for s in j.slots}
+        busy = self._foreign_busy()
+        return [
+            s.index for s in self.inventory.slots if s.index not in used and s.index not in busy
+        ]
+
+    def _foreign_busy(self: Engine) -> set[int]:
+        if not self.settings.foreign_gpus_busy or self.inventory.source == "cpu":
+            return set()
+        from det_local.sched import slots
+
+        inv = slots.detect_foreign(self.inventory, [p.pid for p in self.procs.values()])
+        return slots.busy_foreign(inv, True)
+
+    # ------------------------------------------------------------------ the scheduling pass
+    def _schedule(self: Engine) -> None:
+        """Ask the policy what to start and whom to preempt; act on it. Re-entrant calls (a job
+        that fails to start triggers another pass) are folded into one loop."""
+        if self.offline:
+            return
+        if self._scheduling:
+            self._schedule_again = True
+            return
+        self._scheduling = True
+        try:
+            while True:
+                self._schedule_again = False
+                self._schedule_once()
+                if not self._schedule_again:
+                    break
+        finally:
+            self._scheduling = False
+        self._check_idle()
+
+    def _schedule_once(self: Engine) -> None:
+        jobs = self.store.jobs.active()
+        running = [
+            RunningJob(self._view(j), tuple(j.slots), preempting=j.id in self._preempting)
+            for j in jobs
+            if j.state == SCHEDULED
+        ]
+        queued = [self._view(j) for j in jobs if j.state == QUEUED]
+        if not queued:
+            self.waiting = {}
+            return
+        decision = schedule(
+            self.inventory.size(), self._free_slots(jobs), running, queued, self._policy_config()
+        )
+        self.waiting = dict(decision.waiting)
+        by_id = {j.id: j for j in jobs}
+        for job_id in decision.preempt:
+            self._preempt_job(by_id[job_id])
+        for job_id, slots in decision.start:
+            self._start_job(by_id[job_id], list(slots))
+
+    def _start_job(self: Engine, job: JobRecord, slots: list[int]) -> None:
+        token = secrets.token_hex(16)
+        if job.kind == TRIAL:
+            assert job.experiment_id is not None and job.trial_id is not None
+            exp = self._exp(job.experiment_id)
+            run_id = self.store.next_trial_run(job.trial_id)
+            self.store.jobs.allocate(job.id, slots, token, run_id)
+            self._start_trial(exp, job.trial_id, job, slots, token, run_id)
+        else:
+            self.store.jobs.allocate(job.id, slots, token, job.run_id + 1)
+            self._start_command(self.store.jobs.get(job.id))
+
+    def _spawn(self: Engine, job: JobRecord, plan: LaunchPlan) -> executor.JobProc:
+        """Spawn and watch a job's process; TrialError when it cannot start."""
+        job = self.store.jobs.get(job.id)
+        exit_file = self.paths.job_exit_file(job.id, job.run_id)
+        proc = executor.spawn(job.id, plan, exit_file)
+        self.store.jobs.set_process(job.id, proc.pid, executor.start_time(proc.pid) or time.time())
+        self._watch(proc)
+        return proc
+
+    def _watch(self: Engine, proc: executor.JobProc) -> None:
+        self.procs[proc.job_id] = proc
+        assert self.loop is not None
+        if proc.pidfd is not None:
+            self.loop.add_reader(proc.pidfd, self._on_job_exit, proc.job_id)
+        else:  # no pidfd (old kernel): a bounded supervision tick
+            self.loop.call_later(0.05, self._tick, proc.job_id)
+
+    def _tick(self: Engine, job_id: int) -> None:
+        proc = self.procs.get(job_id)
+        if proc is None:
+            return
+        if executor.exit_code(proc) is not None:
+            self._on_job_exit(job_id)
+        else:
+            assert self.loop is not None
+            self.loop.call_later(0.05, self._tick, job_id)
+
+    def _on_job_exit(self: Engine, job_id: int) -> None:
+        proc = self.procs.get(job_id)
+        if proc is None:
+            return
+        code = executor.exit_code(proc)
+        if code is None:
+            return  # spurious wakeup
+        del self.procs[job_id]
+        assert self.loop is not None
+        if proc.pidfd is not None:
+            self.loop.remove_reader(proc.pidfd)
+        executor.close(proc)
+        executor.kill_group(proc.pid)  # no orphans: the group goes with its leader
+        self._preempting.discard(job_id)
+        job = self.store.jobs.get(job_id)
+        if job.kind == TRIAL:
+            run = self.runs.get(job.trial_id or -1)
+            if run is not None:
+                self._on_trial_exit(run, code)
+        else:
+            self._on_command_exit(job, code)
+        self._schedule()
+
+    # ------------------------------------------------------------------ trials as jobs
+    def _trial_priority(self: Engine, exp: ExperimentRun) -> int:
+        override = self.store.get_experiment_priority(exp.id)
+        if override is not None:
+            return override
+        return int(exp.config.resources.effective_priority)
+
+    def _enqueue_trial(self: Engine, exp: ExperimentRun, trial_id: int) -> None:
+        """Queue the trial (again) for slots; it starts when the policy says so."""
+        job = self.store.jobs.for_trial(trial_id)
+        if job is None:
+            rec = self.store.get_experiment(exp.id)
+            uid = self.user_ids.get(exp.id, _uid_of(rec.user))
+            self.store.jobs.create(
+                kind=TRIAL,
+                name=f"{rec.name} (trial {trial_id})",
+                user=rec.user,
+                uid=uid,
+                priority=self._trial_priority(exp),
+                slots_needed=int(exp.config.resources.slots_per_trial),
+                experiment_id=exp.id,
+                trial_id=trial_id,
+            )
+        elif job.state != QUEUED:
+            self.store.jobs.requeue(job.id)
+
+    def _dequeue_trial(self: Engine, trial_id: int, message: str) -> None:
+        job = self.store.jobs.for_trial(trial_id)
+        if job is not None and job.state == QUEUED:
+            self.store.jobs.finish(job.id, None, message)
+
+    def _finish_trial_job(self: Engine, trial_id: int, code: int | None, message: str) -> None:
+        job = self.store.jobs.for_trial(trial_id)
+        if job is not None:
+            self.store.jobs.finish(job.id, code, message)
+
+    def _preempt_job(self: Engine, job: JobRecord) -> None:
+        if job.kind != TRIAL or job.trial_id is None:
+            return
+        run = self.runs.get(job.trial_id)
+        if run is None:
+            return
+        self._preempting.add(job.id)
+        run.requeue_requested = True
+        self.note(
+            f"trial {job.trial_id} (priority {job.priority}) is preempted for more important "
+            "work: it checkpoints and waits in the queue",
+            experiment_id=job.experiment_id,
+            trial_id=job.trial_id,
+        )
+        self._preempt(run, self._exp(run.experiment_id))
+
+    # ------------------------------------------------------------------ commands
+    def submit_command(
+        self: Engine,
+        *,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        slots: int,
+        priority: int,
+        user: str,
+        uid: int,
+        name: str | None = None,
+    ) -> int:
+        import shutil
+
+        if not argv:
+            raise DetLocalError(
+                "cmd run: no command given; write it after --, e.g. -- python3 x.py"
+            )
+        check_request(slots, self.inventory.size(), "--slots", allow_zero=True)
+        check_priority(priority)
+        prog = argv[0]
+        if "/" in prog:
+            import os
+
+            target = prog if os.path.isabs(prog) else os.path.join(cwd, prog)
+            if not os.access(target, os.X_OK):
+                raise DetLocalError(
+                    f"cmd run: {prog} does not exist or is not executable (from {cwd})"
+                )
+        elif shutil.which(prog, path=env.get("PATH")) is None:
+            raise DetLocalError(f"cmd run: program '{prog}' was not found on PATH; check the name")
+        job_id = self.store.jobs.create(
+            kind=COMMAND,
+            name=name or " ".join(argv)[:80],
+            user=user,
+            uid=uid,
+            priority=priority,
+            slots_needed=slots,
+            argv=argv,
+            cwd=cwd,
+            env=env,
+        )
+        self._schedule()
+        return job_id
+
+    def _start_command(self: Engine, job: JobRecord) -> None:
+        import os
+
+        assert job.argv is not None
+        env = dict(job.env or {})
+        env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
+        env["DET_SLOT_IDS"] = str(job.slots)
+        env["DET_LOCAL_JOB_ID"] = str(job.id)
+        plan = LaunchPlan(
+            argv=list(job.argv),
+            env=env,
+            cwd=job.cwd or "/",
+            user=job.user,
+            slots=list(job.slots),
+            log_path=str(self.paths.command_log(job.id)),
+            info_dir=str(self.paths.job_dir(job.id)),
+            **_identity(job.uid),
+        )
+        try:
+            if not os.path.isdir(plan.cwd):
+                raise TrialError(f"its directory {plan.cwd} no longer exists")
+            self._spawn(job, plan)
+        except TrialError as err:
+            self.store.jobs.finish(job.id, None, f"command {job.id} could not start: {err}")
+
+    def _on_command_exit(self: Engine, job: JobRecord, code: int) -> None:
+        from det_local.sched.outcome import describe_exit
+
+        killed = job.id in self._killing
+        self._killing.discard(job.id)
+        message = "killed on request" if killed else f"command {job.id} {describe_exit(code)}"
+        self.store.jobs.finish(job.id, code, message)
+
+    def kill_job(self: Engine, job_id: int) -> str:
+        job = self.store.jobs.get(job_id)
+        if job.kind == TRIAL:
+            assert job.experiment_id is not None
+            return self.kill(job.experiment_id)
+        if job.state == QUEUED:
+            self.store.jobs.finish(job.id, None, "removed from the queue on request")
+            self._schedule()
+            return f"command {job_id} removed from the queue"
+        if job.state == SCHEDULED:
+            self._killing.add(job.id)
+            self._terminate_pid(job.pid, job.id)
+            return f"command {job_id} is being stopped"
+        return f"command {job_id} already ended"
+
+    def _terminate_pid(self: Engine, pid: int | None, job_id: int) -> None:
+        """SIGTERM the group, then SIGKILL after the grace period if it is still there."""
+        if pid is None:
+            return
+        executor.terminate_group(pid)
+        assert self.loop is not None
+
+        def finish() -> None:
+            if job_id in self.procs:
+                executor.kill_group(pid)
+
+        self.loop.call_later(self.kill_grace, finish)
+
+    # ------------------------------------------------------------------ queue order changes
+    def update_job(
+        self: Engine,
+        job_id: int,
+        *,
+        priority: int | None = None,
+        ahead_of: int | None = None,
+        behind_of: int | None = None,
+    ) -> str:
+        job = self.store.jobs.get(job_id)
+        if job.state not in (QUEUED, SCHEDULED):
+            raise StateError(f"job {job_id} has ended; only queued or running jobs can be updated")
+        if sum(x is not None for x in (priority, ahead_of, behind_of)) != 1:
+            raise DetLocalError(
+                "job update: give exactly one of --priority, --ahead-of, --behind-of"
+            )
+        if priority is not None:
+            check_priority(priority)
+            if job.experiment_id is not None:
+                return self.set_experiment_priority(job.experiment_id, priority)
+            self.store.jobs.set_priority(job_id, priority)
+            what = f"priority {priority}"
+        else:
+            other = int(ahead_of if ahead_of is not None else behind_of)  # type: ignore[arg-type]
+            if other == job_id:
+                raise DetLocalError(f"job {job_id} cannot move relative to itself")
+            target = self.store.jobs.get(other)
+            if target.state not in (QUEUED, SCHEDULED):
+                raise StateError(f"job {other} has ended; move relative to a queued job")
+            pos = self.store.jobs.neighbour_position(other, ahead=ahead_of is not None)
+            self.store.jobs.set_position(job_id, pos)
+            # `ahead of` also means at least as important
+            if ahead_of is not None and target.priority < job.priority:
+                self.store.jobs.set_priority(job_id, target.priority)
+            if behind_of is not None and target.priority > job.priority:
+                self.store.jobs.set_priority(job_id, target.priority)
+            what = f"{'ahead of' if ahead_of is not None else 'behind'} job {other}"
+        self._schedule()
+        return f"job {job_id}: {what}"
+
+    def set_experiment_priority(self: Engine, experiment_id: int, priority: int) -> str:
+        check_priority(priority)
+        self._exp(experiment_id)
+        self.store.set_experiment_priority(experiment_id, priority)
+        for job in self.store.jobs.active():
+            if job.experiment_id == experiment_id:
+                self.store.jobs.set_priority(job.id, priority)
+        self._schedule()
+        return f"experiment {experiment_id}: priority {priority}"
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self: Engine) -> None:
+        """After a restart (even kill -9): adopt live processes, settle dead ones, keep the
+        queue. Nothing queued is lost; nothing runs twice; no slot is booked twice."""
+        from det_local.store.states import State
+
+        for rec in self.store.list_experiments(states=[State.ACTIVE, State.STOPPING_CANCELED]):
+            self._exp(rec.id)
+        for rec in self.store.list_experiments(states=[State.PAUSED]):
+            if any(
+                j.experiment_id == rec.id and j.state == SCHEDULED for j in self.store.jobs.active()
+            ):
+                exp = self._exp(rec.id)
+                exp.stopping = "pause"
+        settled: list[tuple[JobRecord, int | None]] = []
+        for job in self.store.jobs.active():
+            if job.state != SCHEDULED:
+                continue
+            if job.pid is not None and executor.is_same_process(job.pid, job.pid_start):
+                self._adopt(job)
+                continue
+            code = None
+            if job.pid is not None:
+                code = executor.read_exit_file(self.paths.job_exit_file(job.id, job.run_id))
+            settled.append((job, code))
+        for job, code in settled:
+            self._settle_lost(job, code)
+        for exp in list(self.experiments.values()):
+            state = self.store.get_experiment(exp.id).state
+            if state == State.STOPPING_CANCELED:
+                exp.stopping = "kill"
+            if state != State.ACTIVE:
+                self._maybe_finish(exp)
+                continue
+            for t in self.store.list_trials(exp.id):  # a crash between a trial and its job
+                if t.state == State.ACTIVE and self.store.jobs.for_trial(t.id) is None:
+                    self._enqueue_trial(exp, t.id)
+
+    def _adopt(self: Engine, job: JobRecord) -> None:
+        assert job.pid is not None
+        proc = executor.adopt(job.id, job.pid, self.paths.job_exit_file(job.id, job.run_id))
+        if proc is None:
+            self._settle_lost(job, None)
+            return
+        if job.kind == TRIAL:
+            assert job.experiment_id is not None and job.trial_id is not None
+            exp = self._exp(job.experiment_id)
+            self._adopt_trial(exp, job)
+        self._watch(proc)
+        self.note(f"adopted {job.kind.lower()} job {job.id} (pid {job.pid}) still running")
+        if job.kind == TRIAL and job.experiment_id is not None:
+            exp = self.experiments[job.experiment_id]
+            run = self.runs.get(job.trial_id or -1)
+            if run is not None and exp.stopping in ("pause", "kill"):
+                if exp.stopping == "kill":
+                    run.kill_requested = True
+                    self._terminate(run)
+                else:
+                    self._preempt(run, exp)
+
+    def _settle_lost(self: Engine, job: JobRecord, code: int | None) -> None:
+        """A job whose process ended while no daemon watched it."""
+        if job.kind != TRIAL:
+            if job.pid is None:
+                self.store.jobs.requeue(job.id)  # never started: it keeps its place
+                return
+            message = f"command {job.id} ended while the daemon was down" + (
+                f" with exit code {code}" if code is not None else "; its exit status is unknown"
+            )
+            self.store.jobs.finish(job.id, code, message)
+            return
+        assert job.experiment_id is not None and job.trial_id is not None
+        exp = self._exp(job.experiment_id)
+        if job.pid is None or code is None:
+            # never started, or its status is lost: run it again from its latest checkpoint
+            self.store.jobs.requeue(job.id)
+            self.note(
+                f"trial {job.trial_id} "
+                + ("never started" if job.pid is None else "ended while the daemon was down")
+                + "; queued again to resume from its latest checkpoint",
+                experiment_id=exp.id,
+                trial_id=job.trial_id,
+                level="WARNING",
+            )
+            return
+        run = self._adopt_trial(exp, job)
+        self._on_trial_exit(run, code)
+
+
+def _uid_of(user: str) -> int:
+    import os
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return os.getuid()
+
+
+def _identity(uid: int) -> dict[str, Any]:
+    """uid/gid/groups for a LaunchPlan: the job's user when the daemon runs as root."""
+    import os
+    import pwd
+
+    if os.geteuid() != 0 or uid == 0:
+        return {}
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return {"uid": uid, "gid": uid, "groups": []}
+    return {"uid": uid, "gid": pw.pw_gid, "groups": os.getgrouplist(pw.pw_name, pw.pw_gid)}

@@ -1,0 +1,232 @@
+# mypy: disable-error-code="misc"
+# (the mixin methods annotate `self: Engine`; mypy checks them against the whole engine)
+"""Spool requests inside the engine: one handler per operation, with ownership checks.
+
+The engine reads `queue/*.req` at start and whenever the directory changes (watchfiles), in
+name order. Each request is applied, its result recorded in the store (so a replay after a
+crash answers the same without applying twice), answered, and only then removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import os
+import pwd
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from det_local.errors import DetLocalError
+from det_local.sched import spool
+from det_local.sched.spool import Request, SpoolError
+
+if TYPE_CHECKING:
+    from det_local.sched.engine import Engine
+
+
+class PermissionDenied(DetLocalError):
+    pass
+
+
+def _uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+class RequestsMixin:
+    # ------------------------------------------------------------------ the watcher
+    def _start_spool(self: Engine) -> None:
+        self.process_spool()
+        spool.prune_responses(self.paths)
+        self._tasks.append(asyncio.ensure_future(self._watch_spool()))
+
+    async def _watch_spool(self: Engine) -> None:
+        import watchfiles
+
+        queue = str(self.paths.queue)
+        try:
+            async for _changes in watchfiles.awatch(
+                queue,
+                recursive=False,
+                debounce=0,
+                step=1,
+                watch_filter=lambda _c, p: p.endswith(spool.SUFFIX),
+                stop_event=self._watch_stop,
+            ):
+                self.process_spool()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the watcher broke: fall back to a bounded tick
+            self.note(f"watching {queue} failed ({err}); checking it every 0.5 s instead")
+            while True:
+                await asyncio.sleep(0.5)
+                self.process_spool()
+
+    def process_spool(self: Engine) -> None:
+        if self.closing:
+            return  # an embedded engine about to stop: the next engine takes the requests
+        for path in spool.pending(self.paths):
+            self._process_request(path)
+
+    def _process_request(self: Engine, path: Path) -> None:
+        try:
+            req = spool.read(path)
+        except SpoolError as err:
+            self._reject(path, str(err))
+            return
+        done = self.store.jobs.request_result(req.id)
+        if done is None:
+            answer = self._apply_request(req)
+            self.store.jobs.record_request(req.id, answer)
+        else:
+            answer = done  # applied before a crash: answer again, do not apply twice
+        try:
+            spool.respond(self.paths, req.id, req.uid, answer)
+        except OSError as err:  # e.g. a full disk: the request stays, to be answered later
+            self.note(f"could not answer request {req.id}: {err}", level="ERROR")
+            return
+        spool.remove(path)
+
+    def _reject(self: Engine, path: Path, message: str) -> None:
+        """A request that cannot be read: answer the file's owner, keep nothing."""
+        req_id = path.name[: -len(spool.SUFFIX)]
+        try:
+            uid = os.lstat(path).st_uid
+        except OSError:
+            return
+        self.note(f"rejected request {path.name}: {message}", level="WARNING")
+        try:
+            spool.respond(self.paths, req_id, uid, {"error": message})
+        except OSError:
+            pass
+        spool.remove(path)
+
+    def _apply_request(self: Engine, req: Request) -> dict[str, Any]:
+        handler = self._handlers().get(req.op)
+        if handler is None:
+            return {"error": f"unknown request '{req.op}' in {req.path.name}"}
+        try:
+            return {"value": handler(req)}
+        except DetLocalError as err:
+            return {"error": str(err)}
+        except (KeyError, TypeError, ValueError) as err:
+            return {"error": f"request {req.path.name} ({req.op}) is malformed: {err!r}"}
+
+    def _handlers(self: Engine) -> dict[str, Callable[[Request], Any]]:
+        return {
+            "submit": self._req_submit,
+            "pause": lambda r: self.pause(self._own_experiment(r)),
+            "activate": lambda r: self.activate(self._own_experiment(r)),
+            "kill": lambda r: self.kill(self._own_experiment(r)),
+            "label_add": lambda r: self.set_labels(
+                self._own_experiment(r), str(r.payload["label"]), None
+            ),
+            "label_remove": lambda r: self.set_labels(
+                self._own_experiment(r), None, str(r.payload["label"])
+            ),
+            "set_priority": lambda r: self.set_experiment_priority(
+                self._own_experiment(r), int(r.payload["priority"])
+            ),
+            "job_update": self._req_job_update,
+            "job_update_batch": self._req_job_update_batch,
+            "cmd_run": self._req_cmd_run,
+            "cmd_kill": lambda r: self.kill_job(self._own_job(r, int(r.payload["job_id"]))),
+            "daemon_stop": self._req_daemon_stop,
+        }
+
+    # ------------------------------------------------------------------ ownership
+    def _may_change(self: Engine, req: Request, owner: str) -> bool:
+        if req.uid in (0, os.geteuid()) or req.user == owner:
+            return True
+        try:
+            group = grp.getgrnam(self.settings.admin_group)
+        except KeyError:
+            return False
+        if req.user in group.gr_mem:
+            return True
+        try:
+            return pwd.getpwnam(req.user).pw_gid == group.gr_gid
+        except KeyError:
+            return False
+
+    def _authorize(self: Engine, req: Request, owner: str, what: str) -> None:
+        if not self._may_change(req, owner):
+            raise PermissionDenied(
+                f"permission denied: {what} belongs to {owner}; only its owner or a member of "
+                f"the {self.settings.admin_group} group may change it"
+            )
+
+    def _own_experiment(self: Engine, req: Request) -> int:
+        exp_id = int(req.payload["experiment_id"])
+        rec = self.store.get_experiment(exp_id)
+        self._authorize(req, rec.user, f"experiment {exp_id}")
+        return exp_id
+
+    def _own_job(self: Engine, req: Request, job_id: int) -> int:
+        job = self.store.jobs.get(job_id)
+        self._authorize(req, job.user, f"job {job_id}")
+        return job_id
+
+    # ------------------------------------------------------------------ handlers
+    def _req_submit(self: Engine, req: Request) -> int:
+        from det_local.config import parse_config
+
+        p = req.payload
+        source = str(p.get("source", "<config>"))
+        cfg = parse_config(p["config"], source=source)
+        return self.submit(
+            cfg,
+            Path(p["context"]),
+            source,
+            test_mode=bool(p.get("test_mode")),
+            user=req.user,
+            uid=req.uid,
+        )
+
+    def _req_job_update(self: Engine, req: Request) -> str:
+        p = req.payload
+        job_id = self._own_job(req, int(p["job_id"]))
+        return self.update_job(
+            job_id,
+            priority=p.get("priority"),
+            ahead_of=p.get("ahead_of"),
+            behind_of=p.get("behind_of"),
+        )
+
+    def _req_job_update_batch(self: Engine, req: Request) -> list[str]:
+        updates = req.payload["updates"]
+        for u in updates:  # check every one before changing any
+            self._own_job(req, int(u["job_id"]))
+        return [
+            self.update_job(
+                int(u["job_id"]),
+                priority=u.get("priority"),
+                ahead_of=u.get("ahead_of"),
+                behind_of=u.get("behind_of"),
+            )
+            for u in updates
+        ]
+
+    def _req_cmd_run(self: Engine, req: Request) -> int:
+        p = req.payload
+        argv = [str(a) for a in p["argv"]]
+        env = {str(k): str(v) for k, v in (p.get("env") or {}).items()}
+        return self.submit_command(
+            argv=argv,
+            cwd=str(p["cwd"]),
+            env=env,
+            slots=int(p.get("slots", 1)),
+            priority=int(p.get("priority", 42)),
+            user=req.user,
+            uid=req.uid,
+            name=p.get("name"),
+        )
+
+    def _req_daemon_stop(self: Engine, req: Request) -> str:
+        if req.uid not in (0, os.geteuid()):
+            raise PermissionDenied("permission denied: only root or the daemon's user may stop it")
+        self.request_stop()
+        return "det-local daemon stopping; running jobs keep running and are adopted at restart"

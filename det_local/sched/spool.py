@@ -1,0 +1,195 @@
+"""The spool: submissions and control requests as files in DET_LOCAL_HOME/queue.
+
+A client writes ``queue/<time_ns>-<pid>-<random>.req`` atomically (a hidden temporary file, then
+a rename), so file names sort in the order the daemon applies them and `ls queue/` shows what
+is pending. The daemon reads each request, checks that the user it claims is the file's owner
+(kernel-verified: a user cannot forge another's uid on a file they create), applies it,
+commits the result and writes ``queue/responses/<id>.resp``, and only then removes the request:
+after a crash a request is either applied (its result is in the store, replayed) or still here.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from det_local.errors import DetLocalError
+from det_local.store.paths import Paths
+
+SUFFIX = ".req"
+RESPONSE_SUFFIX = ".resp"
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+class SpoolError(DetLocalError):
+    """A request file the daemon cannot use (malformed, truncated, forged)."""
+
+
+class NoAnswer(DetLocalError):
+    """No answer came within the time asked for."""
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    op: str
+    user: str
+    uid: int
+    payload: dict[str, Any]
+    path: Path
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def responses_dir(paths: Paths) -> Path:
+    return paths.queue / "responses"
+
+
+# ---------------------------------------------------------------------- client side
+def submit(paths: Paths, op: str, payload: dict[str, Any]) -> str:
+    """Write a request; returns its id (the file name without the suffix)."""
+    paths.queue.mkdir(parents=True, exist_ok=True)
+    req_id = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
+    body = msgpack.packb(
+        {"op": op, "user": user_name(os.geteuid()), "payload": payload}, use_bin_type=True
+    )
+    tmp = paths.queue / f".{req_id}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, paths.queue / f"{req_id}{SUFFIX}")
+    return req_id
+
+
+def wait_response(paths: Paths, req_id: str, timeout: float = 60.0) -> Any:
+    """Wait (bounded polling, 1 ms rising to 20 ms) for the daemon's answer to a request."""
+    path = responses_dir(paths) / f"{req_id}{RESPONSE_SUFFIX}"
+    daemon_uid = os.stat(paths.queue).st_uid  # answers are written by the queue's owner only
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_uid != daemon_uid:
+                    raise DetLocalError(
+                        f"the answer to request {req_id} is not owned by the det-local daemon's "
+                        f"user; someone tampered with {path.parent}"
+                    )
+                data = f.read()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise NoAnswer(
+                    f"the det-local daemon did not answer request {req_id} in {timeout:.0f}s; "
+                    "is it running? (`det-local daemon status`)"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        answer = msgpack.unpackb(data, raw=False)
+        if answer.get("error"):
+            raise DetLocalError(str(answer["error"]))
+        return answer.get("value")
+
+
+def request(paths: Paths, op: str, payload: dict[str, Any], timeout: float = 60.0) -> Any:
+    return wait_response(paths, submit(paths, op, payload), timeout)
+
+
+# ---------------------------------------------------------------------- daemon side
+def pending(paths: Paths) -> list[Path]:
+    """Request files in the order they are applied."""
+    try:
+        names = sorted(n for n in os.listdir(paths.queue) if n.endswith(SUFFIX))
+    except FileNotFoundError:
+        return []
+    return [paths.queue / n for n in names]
+
+
+def read(path: Path) -> Request:
+    """Parse a request file; SpoolError (one line, naming the file) when it is unusable."""
+    req_id = path.name[: -len(SUFFIX)]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise SpoolError(f"request {path.name} vanished before it was read") from None
+    if not os.path.isfile(path) or os.path.islink(path):
+        raise SpoolError(f"request {path.name} is not a regular file")
+    if st.st_size > MAX_REQUEST_BYTES:
+        raise SpoolError(f"request {path.name} is {st.st_size} bytes, over the limit")
+    data = path.read_bytes()
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        raise SpoolError(
+            f"request {path.name} is malformed or truncated ({len(data)} bytes); "
+            "submit it again with the det-local CLI"
+        ) from None
+    if not isinstance(body, dict) or not isinstance(body.get("op"), str):
+        raise SpoolError(f"request {path.name} has no operation; submit it with the det-local CLI")
+    owner = user_name(st.st_uid)
+    claimed = body.get("user")
+    if claimed != owner:
+        raise SpoolError(
+            f"request {path.name} claims user {claimed!r} but its file is owned by {owner!r}; "
+            "requests are made as the user who writes them"
+        )
+    payload = body.get("payload") or {}
+    if not isinstance(payload, dict):
+        raise SpoolError(f"request {path.name}: payload is not a map")
+    return Request(req_id, body["op"], owner, st.st_uid, payload, path)
+
+
+def respond(paths: Paths, req_id: str, uid: int, answer: dict[str, Any]) -> None:
+    """Write the answer where the requester waits for it. Answers name only ids and messages;
+    they are owned by the daemon's user, which is how clients know them genuine."""
+    out = responses_dir(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{req_id}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(msgpack.packb(answer, use_bin_type=True))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / f"{req_id}{RESPONSE_SUFFIX}")
+
+
+def prune_responses(paths: Paths, max_age_s: float = 3600.0) -> int:
+    """Remove answers nobody collected (their requester went away)."""
+    now = time.time()
+    n = 0
+    try:
+        entries = list(os.scandir(responses_dir(paths)))
+    except FileNotFoundError:
+        return 0
+    for e in entries:
+        try:
+            if now - e.stat().st_mtime > max_age_s:
+                os.unlink(e.path)
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,257 @@
+"""The job queue's records: one row per schedulable job (a trial, a command, a shell...).
+
+A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process running); a job
+that ended is DONE and kept for `job list --all` and its exit status. The allocation (slots,
+pid, the process's start time, the per-run token) is written before a process is spawned and
+completed after, so a restarted daemon can tell which processes are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from det_local.errors import NotFoundError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    user TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    position REAL NOT NULL,
+    slots_needed INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    experiment_id INTEGER,
+    trial_id INTEGER,
+    slots TEXT NOT NULL DEFAULT '[]',
+    pid INTEGER,
+    pid_start REAL,
+    token TEXT,
+    run_id INTEGER NOT NULL DEFAULT 0,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    argv TEXT,
+    cwd TEXT,
+    env TEXT,
+    exit_code INTEGER,
+    message TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_trial ON jobs(trial_id) WHERE trial_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY,
+    time REAL NOT NULL,
+    result TEXT NOT NULL
+);
+"""
+
+QUEUED = "QUEUED"
+SCHEDULED = "SCHEDULED"
+DONE = "DONE"
+
+_COLS = (
+    "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
+    "trial_id, slots, pid, pid_start, token, run_id, submitted_at, started_at, ended_at, argv, "
+    "cwd, env, exit_code, message"
+)
+
+
+@dataclass
+class JobRecord:
+    id: int
+    kind: str
+    name: str
+    user: str
+    uid: int
+    priority: int
+    position: float
+    slots_needed: int
+    state: str
+    experiment_id: int | None
+    trial_id: int | None
+    slots: list[int]
+    pid: int | None
+    pid_start: float | None
+    token: str | None
+    run_id: int
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    argv: list[str] | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = field(default=None, repr=False)
+    exit_code: int | None = None
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("env")
+        d.pop("token")
+        return d
+
+
+def _row(r: Sequence[Any]) -> JobRecord:
+    return JobRecord(
+        id=r[0],
+        kind=r[1],
+        name=r[2],
+        user=r[3],
+        uid=r[4],
+        priority=r[5],
+        position=r[6],
+        slots_needed=r[7],
+        state=r[8],
+        experiment_id=r[9],
+        trial_id=r[10],
+        slots=json.loads(r[11]),
+        pid=r[12],
+        pid_start=r[13],
+        token=r[14],
+        run_id=r[15],
+        submitted_at=r[16],
+        started_at=r[17],
+        ended_at=r[18],
+        argv=json.loads(r[19]) if r[19] else None,
+        cwd=r[20],
+        env=json.loads(r[21]) if r[21] else None,
+        exit_code=r[22],
+        message=r[23],
+    )
+
+
+class JobTable:
+    """Job rows in the store's database (the Store owns the connection)."""
+
+    def __init__(self, conn: sqlite3.Connection, *, readonly: bool) -> None:
+        self.conn = conn
+        if not readonly:
+            conn.executescript(SCHEMA)
+
+    def create(
+        self,
+        *,
+        kind: str,
+        name: str,
+        user: str,
+        uid: int,
+        priority: int,
+        slots_needed: int,
+        experiment_id: int | None = None,
+        trial_id: int | None = None,
+        argv: list[str] | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> int:
+        now = time.time()
+        cur = self.conn.execute(
+            "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
+            " experiment_id, trial_id, submitted_at, argv, cwd, env)"
+            " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
+            " ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                kind,
+                name,
+                user,
+                uid,
+                priority,
+                slots_needed,
+                QUEUED,
+                experiment_id,
+                trial_id,
+                now,
+                json.dumps(argv) if argv is not None else None,
+                cwd,
+                json.dumps(env) if env is not None else None,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def get(self, job_id: int) -> JobRecord:
+        r = self.conn.execute(f"SELECT {_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if r is None:
+            raise NotFoundError(f"job {job_id} not found; `det-local job list` shows the queue")
+        return _row(r)
+
+    def for_trial(self, trial_id: int) -> JobRecord | None:
+        r = self.conn.execute(f"SELECT {_COLS} FROM jobs WHERE trial_id=?", (trial_id,)).fetchone()
+        return _row(r) if r else None
+
+    def active(self) -> list[JobRecord]:
+        """QUEUED and SCHEDULED jobs, in position order."""
+        rows = self.conn.execute(
+            f"SELECT {_COLS} FROM jobs WHERE state != ? ORDER BY position", (DONE,)
+        )
+        return [_row(r) for r in rows]
+
+    def list(self, *, include_done: bool = False, limit: int | None = None) -> list[JobRecord]:
+        sql = f"SELECT {_COLS} FROM jobs"
+        if not include_done:
+            sql += f" WHERE state != '{DONE}'"
+        sql += " ORDER BY position"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_row(r) for r in self.conn.execute(sql)]
+
+    # -- state changes --------------------------------------------------------------------
+    def requeue(self, job_id: int, *, priority: int | None = None) -> None:
+        self.conn.execute(
+            "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL, token=NULL,"
+            " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL WHERE id=?",
+            (QUEUED, priority, job_id),
+        )
+
+    def allocate(self, job_id: int, slots: Iterable[int], token: str, run_id: int) -> None:
+        """Durable before acting: the allocation is recorded before the process is spawned."""
+        self.conn.execute(
+            "UPDATE jobs SET state=?, slots=?, token=?, run_id=?, started_at=?, pid=NULL,"
+            " pid_start=NULL WHERE id=?",
+            (SCHEDULED, json.dumps(list(slots)), token, run_id, time.time(), job_id),
+        )
+
+    def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
+        self.conn.execute("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
+
+    def finish(self, job_id: int, exit_code: int | None, message: str | None = None) -> None:
+        self.conn.execute(
+            "UPDATE jobs SET state=?, slots='[]', ended_at=?, exit_code=?, message=? WHERE id=?",
+            (DONE, time.time(), exit_code, message, job_id),
+        )
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self.conn.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+
+    def set_position(self, job_id: int, position: float) -> None:
+        self.conn.execute("UPDATE jobs SET position=? WHERE id=?", (position, job_id))
+
+    def neighbour_position(self, job_id: int, *, ahead: bool) -> float:
+        """A position just ahead of (or behind) job_id among active jobs."""
+        job = self.get(job_id)
+        op, order = ("<", "DESC") if ahead else (">", "ASC")
+        r = self.conn.execute(
+            f"SELECT position FROM jobs WHERE state != ? AND position {op} ? "
+            f"ORDER BY position {order} LIMIT 1",
+            (DONE, job.position),
+        ).fetchone()
+        if r is None:
+            return job.position - 1 if ahead else job.position + 1
+        return (job.position + r[0]) / 2
+
+    # -- processed spool requests (idempotent replay after a crash) ------------------------
+    def request_result(self, request_id: str) -> dict[str, Any] | None:
+        r = self.conn.execute("SELECT result FROM requests WHERE id=?", (request_id,)).fetchone()
+        return json.loads(r[0]) if r else None
+
+    def record_request(self, request_id: str, result: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO requests(id, time, result) VALUES (?, ?, ?)",
+            (request_id, time.time(), json.dumps(result)),
+        )
