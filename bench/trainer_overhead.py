@@ -15,10 +15,15 @@ medians over runs. (a) and (b) share one process; (c) runs in the Determined env
 hand-written loop beside it as that process's own baseline. The det-local Trainer and the loop
 see the same batches in the same order, so their final weights must be bit-identical.
 
+The model runs' differences are at the edge of this machine's noise, so each process also times
+the loop alone: a trial whose step is a token op against the loader with the same op, over
+longer runs (det_local_loop_us_per_batch, determined_loop_us_per_batch: median paired
+differences). The *_paired_overhead_ms figures are medians of per-round differences.
+
 Targets: det_local_ms_per_batch <= raw_ms_per_batch * 1.02 + 0.02; det_local < determined;
 weights_identical.
 
-Usage: python3 bench/trainer_overhead.py [--batches 400] [--warmup 50] [--runs 7]
+Usage: python3 bench/trainer_overhead.py [--batches 400] [--warmup 50] [--runs 11]
        [--skip-determined]
 """
 
@@ -43,6 +48,7 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "det-
 SEED = 1234
 DIM, HIDDEN, CLASSES, BATCH = 128, 256, 10, 64
 EPOCH_BATCHES = 50
+EMPTY_FACTOR = 4  # the loop-only runs are this many times longer (their batches are short)
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -89,6 +95,32 @@ def _run_raw(torch: Any, batches: int) -> tuple[list[float], Any]:
     return times, model
 
 
+def _run_empty_raw(torch: Any, batches: int) -> tuple[list[float], Any]:
+    """The loader alone and a token step: the floor the loop-only figures are measured from."""
+    loader = torch.utils.data.DataLoader(_dataset(torch), batch_size=BATCH)
+    times: list[float] = []
+    while len(times) < batches:
+        for x, _ in loader:
+            times.append(time.perf_counter())
+            x.sum()
+            if len(times) == batches:
+                break
+    return times, None
+
+
+def _run_empty_trainer(torch: Any, batches: int) -> tuple[list[float], Any]:
+    from determined import pytorch
+
+    base = _trial_class(torch, pytorch)
+
+    class EmptyTrial(base):  # type: ignore[misc,valid-type]
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+            self.times.append(time.perf_counter())
+            return {"loss": batch[0].sum()}
+
+    return _fit(pytorch, EmptyTrial, batches).times, None
+
+
 def _trial_class(torch: Any, pytorch: Any) -> type:
     class MLPTrial(pytorch.PyTorchTrial):  # type: ignore[misc,name-defined]
         def __init__(self, context: Any) -> None:
@@ -122,7 +154,11 @@ def _trial_class(torch: Any, pytorch: Any) -> type:
 def _run_trainer(torch: Any, batches: int) -> tuple[list[float], Any]:
     from determined import pytorch  # det-local's compat package, or Determined itself
 
-    trial_cls = _trial_class(torch, pytorch)
+    trial = _fit(pytorch, _trial_class(torch, pytorch), batches)
+    return trial.times, trial.model
+
+
+def _fit(pytorch: Any, trial_cls: type, batches: int) -> Any:
     with pytorch.init(
         hparams={"global_batch_size": BATCH}, enable_tensorboard_logging=False
     ) as context:
@@ -132,7 +168,7 @@ def _run_trainer(torch: Any, batches: int) -> tuple[list[float], Any]:
             reporting_period=pytorch.Batch(10 * batches),
             checkpoint_policy="none",
         )
-    return trial.times, trial.model
+    return trial
 
 
 def median(values: list[float]) -> float:
@@ -148,15 +184,22 @@ def worker(modes: list[str], batches: int, warmup: int, runs: int, weights: str 
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # no migrations mid-run
     logging.disable(logging.WARNING)  # local-mode notices, on both sides
-    run = {"raw": _run_raw, "trainer": _run_trainer}
+    run = {
+        "raw": _run_raw,
+        "trainer": _run_trainer,
+        "empty_raw": _run_empty_raw,
+        "empty_trainer": _run_empty_trainer,
+    }
     results: dict[str, list[float]] = {m: [] for m in modes}
     final: dict[str, Any] = {}
     for i in range(runs + 1):  # the first round is a warm-up
         for mode in modes if i % 2 == 0 else list(reversed(modes)):
-            times, model = run[mode](torch, batches)
+            n = batches * EMPTY_FACTOR if mode.startswith("empty") else batches
+            times, model = run[mode](torch, n)
             if i > 0:
                 results[mode].append(_per_batch_ms(times, warmup))
-            final.setdefault(mode, {k: v.clone() for k, v in model.state_dict().items()})
+            if model is not None:
+                final.setdefault(mode, {k: v.clone() for k, v in model.state_dict().items()})
     if weights:
         torch.save(final, weights)
     import determined
@@ -167,6 +210,19 @@ def worker(modes: list[str], batches: int, warmup: int, runs: int, weights: str 
 
 
 # ---------------------------------------------------------------------------- parent side
+MODES = ["raw", "trainer", "empty_raw", "empty_trainer"]
+
+
+def _paired_ms(runs: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of a - b (the two ran next to each other in each round)."""
+    return round(statistics.median(x - y for x, y in zip(runs[a], runs[b], strict=True)), 4)
+
+
+def _loop_us(runs: dict[str, list[float]]) -> float:
+    """The loop-only overhead in microseconds: trainer with a token step - the loader alone."""
+    return round(_paired_ms(runs, "empty_trainer", "empty_raw") * 1000, 2)
+
+
 def _determined_python(torch_version: str) -> tuple[str | None, str | None]:
     """The venv's python with Determined installed (created on first use), or (None, error)."""
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
@@ -239,7 +295,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--skip-determined", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -259,7 +315,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
         weights = os.path.join(tmp, "weights.pt")
         compat = f"{REPO / 'det_local' / 'compat'}{os.pathsep}{REPO}"
-        ours = _spawn(sys.executable, ["raw", "trainer"], args, tmp, compat, weights)
+        ours = _spawn(sys.executable, MODES, args, tmp, compat, weights)
         final = torch.load(weights, weights_only=True)
         identical = final["raw"].keys() == final["trainer"].keys() and all(
             torch.equal(final["raw"][k], final["trainer"][k]) for k in final["raw"]
@@ -267,7 +323,7 @@ def main() -> None:
         theirs: dict[str, Any] | None = None
         if determined_python is not None:
             try:
-                theirs = _spawn(determined_python, ["raw", "trainer"], args, tmp, None)
+                theirs = _spawn(determined_python, MODES, args, tmp, None)
             except (RuntimeError, subprocess.SubprocessError) as err:
                 determined_error = " ".join(str(err).split())[-400:]
             else:
@@ -284,6 +340,12 @@ def main() -> None:
         "determined_process_raw_ms_per_batch": median(theirs["runs"]["raw"]) if theirs else None,
         "weights_identical": identical,
         "det_local_overhead_ms": round(det_local - raw, 4),
+        "det_local_paired_overhead_ms": _paired_ms(ours["runs"], "trainer", "raw"),
+        "determined_paired_overhead_ms": _paired_ms(theirs["runs"], "trainer", "raw")
+        if theirs
+        else None,
+        "det_local_loop_us_per_batch": _loop_us(ours["runs"]),
+        "determined_loop_us_per_batch": _loop_us(theirs["runs"]) if theirs else None,
         "target_det_local_max_ms": target,
         "det_local_within_target": det_local <= target,
         "det_local_faster_than_determined": None if determined is None else det_local < determined,
@@ -297,15 +359,21 @@ def main() -> None:
         "det_local_runs_ms": [round(v, 4) for v in ours["runs"]["trainer"]],
         "determined_runs_ms": [round(v, 4) for v in theirs["runs"]["trainer"]] if theirs else None,
     }
+    dets = (
+        f"{determined:.4f} ms" if determined is not None else f"not measured ({determined_error})"
+    )
     print(
-        f"per batch (median of {args.runs} runs of {args.batches} batches, {BATCH}x{DIM} MLP, "
-        f"1 thread): hand-written loop {raw:.4f} ms, det-local Trainer {det_local:.4f} ms "
-        f"({det_local - raw:+.4f} ms; target <= {target:.4f}), "
-        + (
-            f"Determined {DETERMINED_VERSION} Trainer {determined:.4f} ms"
-            if determined is not None
-            else f"Determined: not measured ({determined_error})"
-        )
+        f"per batch, median of {args.runs} runs of {args.batches} batches of {BATCH} (MLP "
+        f"{DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, 1 thread):\n"
+        f"  hand-written loop    {raw:.4f} ms\n"
+        f"  det-local Trainer    {det_local:.4f} ms ({det_local - raw:+.4f} ms; target <= "
+        f"{target:.4f})\n"
+        f"  Determined {DETERMINED_VERSION} Trainer {dets}"
+    )
+    print(
+        "loop alone (token step, loader subtracted): det-local "
+        f"{result['det_local_loop_us_per_batch']} us/batch, Determined "
+        f"{result['determined_loop_us_per_batch']} us/batch"
     )
     print(f"final weights det-local vs loop: {'identical' if identical else 'DIFFERENT'}")
     print(json.dumps(result))

@@ -4,7 +4,7 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from det_local.store.db import Store
 from det_local.store.paths import Paths
@@ -72,3 +72,43 @@ def control(experiment_id: int, action: str, **fields: object) -> str:
     from det_local.sched.control import control_experiment
 
     return control_experiment(paths(), experiment_id, action, **fields)
+
+
+def control_job(op: str, payload: dict[str, object]) -> Any:
+    """A job-queue request (cmd_run, cmd_kill, job_update, job_update_batch)."""
+    from det_local.sched.control import control_job as send
+
+    return send(paths(), op, payload)
+
+
+def follow_command(job_id: int, poll: float = 0.05) -> int:
+    """Stream a command's output until it ends; returns its exit status (1 if unknown)."""
+    import sys
+    import time
+
+    p = paths()
+    log = p.command_log(job_id)
+    offset = 0
+    while True:
+        store = open_store(p)
+        try:
+            job = store.jobs.get(job_id)
+        finally:
+            store.close()
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        if data:
+            offset += len(data)
+            sys.stdout.write(data.decode("utf-8", "replace"))
+            sys.stdout.flush()
+        if job.state == "DONE" and not data:
+            if job.message and job.exit_code is None:
+                print(f"det-local: {job.message}", file=sys.stderr)
+            code = job.exit_code
+            return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+        if not data:
+            time.sleep(poll)

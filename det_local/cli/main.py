@@ -6,9 +6,10 @@ import sys
 
 import typer
 
-from det_local.cli import checkpoint, config, experiment, trial
+from det_local.cli import checkpoint, cmd, config, daemon, experiment, job, trial
 from det_local.cli.common import run_cli
 from det_local.cli.run import run_command
+from det_local.cli.slots import slots_command
 
 app = typer.Typer(
     name="det-local",
@@ -26,6 +27,10 @@ app.add_typer(trial.app, name="trial")
 app.add_typer(trial.app, name="t", hidden=True)
 app.add_typer(checkpoint.app, name="checkpoint")
 app.add_typer(config.app, name="config")
+app.add_typer(job.app, name="job")
+app.add_typer(cmd.app, name="cmd")
+app.add_typer(daemon.app, name="daemon")
+app.command("slots")(slots_command)
 
 
 def main() -> None:

@@ -20,7 +20,23 @@ def slots_command(
 ) -> None:
     """Show this machine's slots: GPUs from NVML (or CPU slots), memory, utilisation, and who
     uses each one, including processes det-local did not start."""
-    show_slots(as_json)
+    from det_local.api import open_store
+
+    our_pids: list[int] = []
+    allocations: dict[int, str] = {}
+    for job in open_store().jobs.active():
+        if job.state != "SCHEDULED":
+            continue
+        if job.pid is not None:
+            our_pids.append(job.pid)
+        who = (
+            f"experiment {job.experiment_id} trial {job.trial_id} ({job.user})"
+            if job.trial_id is not None
+            else f"command {job.id} ({job.user})"
+        )
+        for index in job.slots:
+            allocations[index] = who
+    show_slots(as_json, our_pids=our_pids, allocations=allocations)
 
 
 def show_slots(

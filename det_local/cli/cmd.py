@@ -1,0 +1,98 @@
+"""`det-local cmd run|list|logs|kill`: any command on slots (what task-spooler is used for)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
+
+
+@app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def run(
+    ctx: typer.Context,
+    slots: int = typer.Option(1, "--slots", help="Slots (GPUs, or CPU slots) the command needs."),
+    priority: int = typer.Option(42, "--priority", "-p", help="1 (most important) to 99."),
+    name: str = typer.Option(None, "--name", help="A name for `job list`."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Wait for it and stream its output; exit with its status."
+    ),
+) -> None:
+    """Queue a command: `det-local cmd run --slots 1 -- python3 eval.py --fast`.
+
+    Its output goes to a log (`det-local cmd logs ID`); its exit status is recorded."""
+    import os
+
+    from det_local import api
+
+    argv = list(ctx.args)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    job_id = api.control_job(
+        "cmd_run",
+        {
+            "argv": argv,
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "slots": slots,
+            "priority": priority,
+            "name": name,
+        },
+    )
+    print(f"Queued command {job_id}", flush=True)
+    if follow:
+        raise typer.Exit(api.follow_command(int(job_id)))
+
+
+@app.command("list")
+def list_commands(
+    show_all: bool = typer.Option(False, "--all", "-a", help="Include ended commands."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Commands: queued, running and (with --all) ended, with their exit status."""
+    from det_local import api
+    from det_local.cli.common import print_json, table
+
+    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
+    if as_json:
+        print_json([j.to_json() for j in jobs])
+        return
+    rows = [
+        [
+            j.id,
+            j.state,
+            j.exit_code if j.exit_code is not None else "",
+            j.slots_needed,
+            j.user,
+            j.name,
+        ]
+        for j in jobs
+    ]
+    print(table(["ID", "State", "Exit", "Slots", "User", "Command"], rows))
+
+
+@app.command("logs")
+def logs(
+    job_id: int = typer.Argument(..., help="The command's job id."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Follow until it ends."),
+) -> None:
+    """A command's output."""
+    from det_local import api
+
+    if follow:
+        raise typer.Exit(api.follow_command(job_id))
+    store = api.open_store()
+    store.jobs.get(job_id)
+    path = api.paths().command_log(job_id)
+    if path.exists():
+        print(path.read_text(errors="replace"), end="")
+
+
+@app.command("kill")
+def kill(job_id: int = typer.Argument(..., help="The command's job id.")) -> None:
+    """Stop a command (SIGTERM to its process group, then SIGKILL), or drop it from the queue."""
+    from det_local import api
+
+    print(api.control_job("cmd_kill", {"job_id": job_id}))

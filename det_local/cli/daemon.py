@@ -1,0 +1,68 @@
+"""`det-local daemon [start|stop|status]`."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    rich_markup_mode=None,
+    invoke_without_command=True,
+    help="The per-machine daemon. With no subcommand it runs in the foreground.",
+)
+
+
+@app.callback()
+def daemon(ctx: typer.Context) -> None:
+    """Run the daemon in the foreground (`det-local daemon`), or manage it in the background."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from det_local import api
+    from det_local.sched.daemon import run_foreground
+
+    raise typer.Exit(run_foreground(api.paths()))
+
+
+@app.command("start")
+def start() -> None:
+    """Start the daemon in the background (logs: DET_LOCAL_HOME/run/daemon.log)."""
+    from det_local import api
+    from det_local.sched.daemon import start_background
+
+    info = start_background(api.paths())
+    print(f"det-local daemon {info.pid} serving {info.home}")
+
+
+@app.command("stop")
+def stop() -> None:
+    """Stop the daemon. Running jobs keep running and are adopted at the next start."""
+    from det_local import api
+    from det_local.sched.daemon import stop as stop_daemon
+
+    print(stop_daemon(api.paths()))
+
+
+@app.command("status")
+def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Whether the daemon runs, its pid, uptime, memory, and the queue's size."""
+    from det_local import api
+    from det_local.sched.daemon import status as daemon_status
+
+    st = daemon_status(api.paths())
+    if as_json:
+        from det_local.cli.common import print_json
+
+        print_json(st)
+        return
+    if st["running"]:
+        print(
+            f"det-local daemon {st['pid']} running for {st['home']}, up {st['uptime_s']:.0f}s, "
+            f"{st.get('rss_mb', '?')} MB"
+        )
+    else:
+        print(f"no det-local daemon is running for {st['home']}")
+    print(
+        f"jobs: {st['running_jobs']} running, {st['queued']} queued; "
+        f"{st['pending_requests']} request(s) waiting in the spool"
+    )
+    if not st["running"]:
+        raise typer.Exit(3)

@@ -1,0 +1,91 @@
+"""`det-local job list|update|update-batch`: the queue, as Determined shows it."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The job queue.")
+
+
+@app.command("list")
+def list_jobs(
+    show_all: bool = typer.Option(False, "--all", "-a", help="Include ended jobs."),
+    limit: int = typer.Option(None, "--limit", help="Show at most this many."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """#, ID, type, name, priority, submitted, slots acquired/needed, state, user."""
+    import time
+
+    from det_local import api
+    from det_local.cli.common import print_json, table
+
+    jobs = api.open_store().jobs.list(include_done=show_all, limit=limit)
+    if as_json:
+        print_json([{"position": i + 1, **j.to_json()} for i, j in enumerate(jobs)])
+        return
+    rows = []
+    for i, j in enumerate(jobs):
+        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at))
+        rows.append(
+            [
+                i + 1,
+                j.id,
+                j.kind,
+                j.name,
+                j.priority,
+                submitted,
+                f"{len(j.slots)}/{j.slots_needed}",
+                j.state,
+                j.user,
+            ]
+        )
+    print(
+        table(["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"], rows)
+    )
+
+
+@app.command("update")
+def update(
+    job_id: int = typer.Argument(..., help="The job to change."),
+    priority: int = typer.Option(None, "--priority", help="1 (most important) to 99."),
+    ahead_of: int = typer.Option(None, "--ahead-of", help="Move it just ahead of this job."),
+    behind_of: int = typer.Option(None, "--behind-of", help="Move it just behind this job."),
+) -> None:
+    """Change a job's priority or its place in the queue (owner or admin only)."""
+    from det_local import api
+
+    print(
+        api.control_job(
+            "job_update",
+            {"job_id": job_id, "priority": priority, "ahead_of": ahead_of, "behind_of": behind_of},
+        )
+    )
+
+
+@app.command("update-batch")
+def update_batch(
+    updates: list[str] = typer.Argument(
+        ..., help="JOB_ID.priority=N, JOB_ID.ahead-of=J or JOB_ID.behind-of=J, several at once."
+    ),
+) -> None:
+    """Several updates, checked together before any is applied: `2.priority=10 5.ahead-of=3`."""
+    from det_local import api
+    from det_local.errors import DetLocalError
+
+    parsed = []
+    for item in updates:
+        key, sep, value = item.partition("=")
+        job, dot, field = key.partition(".")
+        field = field.replace("-", "_")
+        if not (sep and dot and job.isdigit() and value.lstrip("-").isdigit()) or field not in (
+            "priority",
+            "ahead_of",
+            "behind_of",
+        ):
+            raise DetLocalError(
+                f"update-batch: cannot read {item!r}; write JOB_ID.priority=N, "
+                "JOB_ID.ahead-of=J or JOB_ID.behind-of=J"
+            )
+        parsed.append({"job_id": int(job), field: int(value)})
+    for line in api.control_job("job_update_batch", {"updates": parsed}):
+        print(line)

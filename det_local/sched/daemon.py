@@ -1,0 +1,206 @@
+"""The per-machine daemon: one engine per DET_LOCAL_HOME that runs until it is stopped.
+
+`det-local daemon` runs it in the foreground; `det-local daemon start|stop|status` manage it in
+the background. The engine lock (an flock, released by the kernel when its holder dies, even by
+kill -9) decides who runs this home's engine; the pid file only tells people which process
+that is, so a stale pid file left by a crash never blocks a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from det_local.errors import DetLocalError
+from det_local.store.paths import Paths
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+
+
+class DaemonError(DetLocalError):
+    pass
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    pid: int
+    started_at: float
+    home: str
+
+
+def read_pid_file(paths: Paths) -> DaemonInfo | None:
+    try:
+        data = json.loads(paths.pid_file.read_text())
+        return DaemonInfo(int(data["pid"]), float(data["started_at"]), str(data["home"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def running_daemon(paths: Paths) -> DaemonInfo | None:
+    """The live daemon of this home, or None (a pid file whose lock is free is stale)."""
+    from det_local.sched.control import lock_free
+
+    info = read_pid_file(paths)
+    if info is None or lock_free(paths):
+        return None
+    return info
+
+
+def _prepare_home(paths: Paths) -> None:
+    """System mode (root): everyone submits into the spool and reads the store; only the
+    daemon writes it. The spool is sticky and world-writable, like /tmp."""
+    paths.ensure()
+    if os.geteuid() != 0:
+        return
+    os.chmod(paths.home, 0o755)
+    os.chmod(paths.queue, 0o1777)
+    os.chmod(paths.checkpoints, 0o1777)
+    for d in (paths.run_dir, paths.queue / "responses"):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o755)
+
+
+def run_foreground(paths: Paths) -> int:
+    """`det-local daemon`: serve until SIGTERM/SIGINT or `daemon stop`."""
+    from det_local.sched.embedded import EngineLock
+
+    _prepare_home(paths)
+    lock = EngineLock(paths)
+    if not lock.try_acquire():
+        lock.release()
+        info = read_pid_file(paths)
+        if info is not None:
+            raise DaemonError(
+                f"a det-local daemon is already running for {paths.home} (pid {info.pid}); "
+                "`det-local daemon stop` stops it"
+            )
+        raise DaemonError(
+            f"a `det-local run` is using {paths.home} right now; start the daemon when it ends "
+            "(its experiments then go on under the daemon), or use another DET_LOCAL_HOME"
+        )
+    try:
+        tmp = paths.pid_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"pid": os.getpid(), "started_at": time.time(), "home": str(paths.home)})
+        )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, paths.pid_file)
+        return asyncio.run(_serve(paths))
+    finally:
+        try:
+            info = read_pid_file(paths)
+            if info is not None and info.pid == os.getpid():
+                paths.pid_file.unlink()
+        except OSError:
+            pass
+        lock.release()
+
+
+async def _serve(paths: Paths) -> int:
+    from det_local.sched.engine import Engine
+
+    def log(line: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+    engine = Engine(paths, out=log, daemon=True)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, engine.request_stop)
+    await engine.start()
+    log(
+        f"det-local: daemon {os.getpid()} serving {paths.home} with "
+        f"{engine.inventory.size()} {engine.inventory.source} slot(s)"
+    )
+    try:
+        await engine.serve_forever()
+    finally:
+        await engine.stop()
+        log("det-local: daemon stopped; running jobs go on and are adopted at the next start")
+    return 0
+
+
+def start_background(paths: Paths) -> DaemonInfo:
+    """`det-local daemon start`: a detached daemon; returns once it serves (or fails)."""
+    info = running_daemon(paths)
+    if info is not None:
+        raise DaemonError(
+            f"a det-local daemon is already running for {paths.home} (pid {info.pid})"
+        )
+    paths.ensure()
+    log_path = paths.run_dir / "daemon.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "det_local.cli.main", "daemon"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "DET_LOCAL_HOME": str(paths.home)},
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        info = read_pid_file(paths)
+        if info is not None and info.pid == proc.pid and paths.socket.exists():
+            return info
+        if proc.poll() is not None:
+            tail = _tail(log_path)
+            raise DaemonError(f"the det-local daemon exited at start ({tail}); see {log_path}")
+        time.sleep(0.02)
+    raise DaemonError(
+        f"the det-local daemon did not come up in {START_TIMEOUT_S:.0f}s; see {log_path}"
+    )
+
+
+def stop(paths: Paths) -> str:
+    """`det-local daemon stop`: ask the daemon to stop (jobs keep running), wait for it."""
+    from det_local.sched.control import remote_request
+
+    info = running_daemon(paths)
+    if info is None:
+        return f"no det-local daemon is running for {paths.home}"
+    remote_request(paths, "daemon_stop", {}, timeout=STOP_TIMEOUT_S)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if running_daemon(paths) is None:
+            return f"det-local daemon {info.pid} stopped"
+        time.sleep(0.02)
+    raise DaemonError(f"det-local daemon {info.pid} did not stop in {STOP_TIMEOUT_S:.0f}s")
+
+
+def status(paths: Paths) -> dict[str, Any]:
+    from det_local.api import open_store
+
+    info = running_daemon(paths)
+    out: dict[str, Any] = {"home": str(paths.home), "running": info is not None}
+    if info is not None:
+        out["pid"] = info.pid
+        out["uptime_s"] = round(time.time() - info.started_at, 1)
+        try:
+            import psutil
+
+            out["rss_mb"] = round(psutil.Process(info.pid).memory_info().rss / 2**20, 1)
+        except Exception:
+            pass
+    store = open_store(paths)
+    jobs = store.jobs.active()
+    out["queued"] = sum(j.state == "QUEUED" for j in jobs)
+    out["running_jobs"] = sum(j.state == "SCHEDULED" for j in jobs)
+    out["pending_requests"] = len(list(paths.queue.glob("*.req"))) if paths.queue.exists() else 0
+    return out
+
+
+def _tail(path: Path, n: int = 1) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+        return " / ".join(lines[-n:]) or "no output"
+    except OSError:
+        return "no output"
