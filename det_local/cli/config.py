@@ -28,8 +28,11 @@ def check(
 
     print(f"# {config}: valid")
     print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
-    print("\n# launch plan")
     plan = result["plan"]
+    if plan is None:
+        print(f"\n# launch plan: not runnable by this det-local version: {result['not_runnable']}")
+        return
+    print("\n# launch plan")
     print(f"trials: {plan['trials']}")
     print(f"slots per trial: {plan['slots_per_trial']}")
     print(f"argv: {plan['argv']}")

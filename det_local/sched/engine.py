@@ -235,7 +235,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         snapshot_context(context_src, staging)
         try:
             check_entrypoint(cfg.entrypoint, context_src, source, snapshot=staging)
-            entrypoint_argv(cfg.entrypoint, context_src)  # refuses unsupported forms now
+            # refuses forms this version cannot run (a multi-slot Trial class, launchers)
+            entrypoint_argv(
+                cfg.entrypoint,
+                context_src,
+                slots_per_trial=int(cfg.resources.slots_per_trial),
+            )
             searcher = make_searcher(cfg)
             warm = self._warm_start(cfg)
             if warm is not None:
@@ -402,7 +407,11 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         info._to_files(info_dir)
         identity = _identity(job.uid)
         plan = LaunchPlan(
-            argv=entrypoint_argv(config["entrypoint"], context),
+            argv=entrypoint_argv(
+                config["entrypoint"],
+                context,
+                slots_per_trial=int(exp.config.resources.slots_per_trial),
+            ),
             env=trial_env(
                 base=dict(os.environ),
                 experiment_id=exp.id,

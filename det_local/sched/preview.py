@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from det_local.errors import NotSupportedYet
 from det_local.sched.plan import check_entrypoint, config_env_vars, entrypoint_argv, trial_env
 from det_local.store.paths import Paths
 
@@ -23,7 +24,13 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
 
         list_context(context)
         check_entrypoint(cfg.entrypoint, context, str(config_path))
-    searcher = make_searcher(cfg)
+    try:
+        searcher = make_searcher(cfg)
+        argv = entrypoint_argv(
+            cfg.entrypoint or "", context, slots_per_trial=int(cfg.resources.slots_per_trial)
+        )
+    except NotSupportedYet as err:  # valid for Determined, not runnable by this version yet
+        return {"config": config, "plan": None, "not_runnable": str(err)}
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
@@ -51,7 +58,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         "plan": {
             "trials": len(creates) if cfg.searcher.name != "single" else 1,
             "slots_per_trial": cfg.resources.slots_per_trial,
-            "argv": entrypoint_argv(cfg.entrypoint or "", context),
+            "argv": argv,
             "cwd": "<snapshot of " + str(context) + ">",
             "hparams": first.hparams,
             "seed": first.seed,
