@@ -10,6 +10,7 @@ from det_local.cli import checkpoint, cmd, config, daemon, experiment, job, tria
 from det_local.cli.common import run_cli
 from det_local.cli.run import run_command
 from det_local.cli.slots import slots_command
+from det_local.cli.tasks import notebook_app, shell_app, tensorboard_app
 
 app = typer.Typer(
     name="det-local",
@@ -31,6 +32,9 @@ app.add_typer(job.app, name="job")
 app.add_typer(cmd.app, name="cmd")
 app.add_typer(daemon.app, name="daemon")
 app.command("slots")(slots_command)
+app.add_typer(shell_app, name="shell")
+app.add_typer(notebook_app, name="notebook")
+app.add_typer(tensorboard_app, name="tensorboard")
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 TRIAL = "TRIAL"
 COMMAND = "COMMAND"
+# commands of these kinds are started by `shell start`, `notebook start`, `tensorboard start`
+TASK_KINDS = (COMMAND, "SHELL", "NOTEBOOK", "TENSORBOARD")
 PRIORITY_MIN, PRIORITY_MAX = 1, 99
 
 
@@ -245,9 +247,14 @@ class QueueMixin:
         user: str,
         uid: int,
         name: str | None = None,
+        kind: str = COMMAND,
     ) -> int:
         import shutil
 
+        if kind not in TASK_KINDS:
+            raise DetLocalError(
+                f"unknown job type {kind!r}; expected one of {', '.join(TASK_KINDS)}"
+            )
         if not argv:
             raise DetLocalError(
                 "cmd run: no command given; write it after --, e.g. -- python3 x.py"
@@ -266,7 +273,7 @@ class QueueMixin:
         elif shutil.which(prog, path=env.get("PATH")) is None:
             raise DetLocalError(f"cmd run: program '{prog}' was not found on PATH; check the name")
         job_id = self.store.jobs.create(
-            kind=COMMAND,
+            kind=kind,
             name=name or " ".join(argv)[:80],
             user=user,
             uid=uid,
@@ -287,6 +294,7 @@ class QueueMixin:
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
+        self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"])
         plan = LaunchPlan(
             argv=list(job.argv),
             env=env,
@@ -303,6 +311,18 @@ class QueueMixin:
             self._spawn(job, plan)
         except TrialError as err:
             self.store.jobs.finish(job.id, None, f"command {job.id} could not start: {err}")
+
+    def _write_allocation(self: Engine, job: JobRecord, visible: str) -> None:
+        """jobs/<id>/allocation.json: the slots a job holds (an interactive shell reads it)."""
+        import json
+        import os
+
+        d = self.paths.job_dir(job.id)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / "allocation.json.tmp"
+        tmp.write_text(json.dumps({"slots": job.slots, "cuda_visible_devices": visible}))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, d / "allocation.json")
 
     def _on_command_exit(self: Engine, job: JobRecord, code: int) -> None:
         from det_local.sched.outcome import describe_exit

@@ -223,6 +223,7 @@ class RequestsMixin:
             user=req.user,
             uid=req.uid,
             name=p.get("name"),
+            kind=str(p.get("kind", "COMMAND")),
         )
 
     def _req_daemon_stop(self: Engine, req: Request) -> str:

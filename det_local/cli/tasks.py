@@ -1,0 +1,45 @@
+"""`det-local shell start`, `notebook start`, `tensorboard start`: interactive tasks on slots."""
+
+from __future__ import annotations
+
+import typer
+
+shell_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Interactive shells.")
+notebook_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Jupyter notebooks.")
+tensorboard_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="TensorBoard.")
+
+
+@shell_app.command("start")
+def shell_start(
+    slots: int = typer.Option(1, "--slots", help="Slots the shell holds until it exits."),
+    priority: int = typer.Option(42, "--priority", "-p", help="1 (most important) to 99."),
+) -> None:
+    """An interactive shell that holds slots (CUDA_VISIBLE_DEVICES set) until it exits."""
+    from det_local import api
+    from det_local.sched.tasks import shell
+
+    raise typer.Exit(shell(api.paths(), slots=slots, priority=priority))
+
+
+@notebook_app.command("start")
+def notebook_start(
+    slots: int = typer.Option(1, "--slots", help="Slots the notebook server holds."),
+) -> None:
+    """A JupyterLab server on localhost as a queued job; prints its URL."""
+    from det_local import api
+    from det_local.sched.tasks import notebook
+
+    job_id, url = notebook(api.paths(), slots=slots)
+    print(f"notebook (job {job_id}): {url}\nstop it with: det-local cmd kill {job_id}")
+
+
+@tensorboard_app.command("start")
+def tensorboard_start(
+    experiment_ids: list[int] = typer.Argument(..., help="Experiment ids to show."),
+) -> None:
+    """TensorBoard over the experiments' trials on localhost; prints its URL."""
+    from det_local import api
+    from det_local.sched.tasks import tensorboard
+
+    job_id, url = tensorboard(api.paths(), experiment_ids)
+    print(f"tensorboard (job {job_id}): {url}\nstop it with: det-local cmd kill {job_id}")
