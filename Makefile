@@ -10,3 +10,5 @@ bench:
 	python bench/cli_startup.py
 	python bench/run_overhead.py
 	python bench/metrics_rate.py
+	python bench/trainer_overhead.py
+	python bench/checkpoint_io.py

@@ -269,7 +269,7 @@ def _spawn(
     pythonpath: str | None,
     weights: str | None = None,
 ) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "DET_LOCAL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
     env.update(
         HOME=tmp, XDG_DATA_HOME=os.path.join(tmp, "data"), OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1", PYTHONHASHSEED="0",

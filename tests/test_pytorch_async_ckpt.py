@@ -214,17 +214,17 @@ def test_async_checkpoints_hold_the_state_at_their_step_while_training_moves_on(
 
 def test_host_copy_snapshots_tensors_and_keeps_ties_and_metadata() -> None:
     model = torch.nn.Linear(3, 3)
-    state = model.state_dict()
+    state: Any = model.state_dict()
     state["tied"] = state["weight"]
-    extra = {"nested": [(state["bias"], 1, "x")], "mutable": {"list": [1, 2]}}
-    snap = _checkpoint.host_copy({"model": state, "extra": extra})
+    extra: dict[str, Any] = {"nested": [(state["bias"], 1, "x")], "mutable": {"list": [1, 2]}}
+    snap: Any = _checkpoint.host_copy({"model": state, "extra": extra})
     with torch.no_grad():
         model.weight.add_(1)
         model.bias.add_(1)
     extra["mutable"]["list"].append(3)
     assert not torch.equal(snap["model"]["weight"], model.weight)
     assert snap["model"]["tied"] is snap["model"]["weight"]
-    assert snap["model"]._metadata == state._metadata  # what load_state_dict reads
+    assert snap["model"]._metadata == state._metadata  # load_state_dict reads it
     assert torch.equal(snap["extra"]["nested"][0][0] + 1, model.bias.detach())
     assert snap["extra"]["mutable"]["list"] == [1, 2]
 
