@@ -207,6 +207,11 @@ def to_device(data: Any, device: torch.device, warned_types: set[type] | None = 
 
     Host-to-GPU copies are issued non_blocking (safe for that direction), so moving a batch does
     not wait for the GPU."""
+    if isinstance(data, torch.Tensor):  # the common case first, and no copy when in place
+        if data.device == device:
+            return data
+        non_blocking = device.type == "cuda" and data.device.type == "cpu"
+        return data.to(device, non_blocking=non_blocking)
     if warned_types is None:
         warned_types = set()
     if isinstance(data, dict):
@@ -217,9 +222,6 @@ def to_device(data: Any, device: torch.device, warned_types: set[type] | None = 
         if hasattr(data, "_fields"):  # namedtuple
             return type(data)(*(to_device(v, device, warned_types) for v in data))
         return tuple(to_device(v, device, warned_types) for v in data)
-    if isinstance(data, torch.Tensor):
-        non_blocking = device.type == "cuda" and data.device.type == "cpu"
-        return data.to(device, non_blocking=non_blocking)
     if data is None or isinstance(data, (bool, int, float, str, bytes)):
         return data  # plain values need no moving
     np = _np()
