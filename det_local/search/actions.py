@@ -47,7 +47,12 @@ Action = Union[Create, ValidateAfter, Close, Stop, Shutdown]
 
 @dataclass
 class SearchState:
-    """Bookkeeping common to every search method (persisted with the experiment)."""
+    """Bookkeeping common to every search method (persisted with the experiment).
+
+    `trials_closed`: trials the searcher sent Close; `completed`: trials that exited normally;
+    `failed`: trials that ended early (errored or canceled), `canceled` the canceled among them;
+    `invalid`: trials that ended with InvalidHP. `trial_progress`: the fraction each live trial
+    reported (request id -> 0..1)."""
 
     trials_requested: int = 0
     trials_closed: list[str] = field(default_factory=list)
@@ -55,3 +60,10 @@ class SearchState:
     failed: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
     shutdown: bool = False
+    canceled: list[str] = field(default_factory=list)
+    trial_progress: dict[str, float] = field(default_factory=dict)
+
+    def ended(self, request_id: str) -> bool:
+        return (
+            request_id in self.completed or request_id in self.failed or request_id in self.invalid
+        )
