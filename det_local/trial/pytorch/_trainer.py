@@ -86,8 +86,10 @@ def _set_random_seeds(seed: int) -> None:
     torch.random.manual_seed(seed)
 
 
-def _init_distributed(info: Any) -> Any:
-    """On det-local: the launcher's torch.distributed world, or none for a one-slot trial."""
+def _init_distributed(info: Any, given: Any = None) -> Any:
+    """On det-local: the launcher's torch.distributed world, or none for a one-slot trial.
+    A DistributedContext the script built itself (Determined's Trainer guide does, before
+    pytorch.init()) is used rather than a second one on the same ports."""
     from det_local.trial.core import DistributedContext
 
     if os.environ.get("USE_TORCH_DISTRIBUTED"):
@@ -95,13 +97,36 @@ def _init_distributed(info: Any) -> Any:
 
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-        return DistributedContext.from_torch_distributed()
+        return given if given is not None else DistributedContext.from_torch_distributed()
     if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
         raise InvalidTrialError(
             f"this trial has {len(info.slot_ids)} slots: launch it with "
             "`python3 -m determined.launch.torch_distributed python3 train.py` as the entrypoint"
         )
     return None
+
+
+def _torchrun_distributed() -> Any:
+    """Off det-local under torchrun (``torchrun --nproc_per_node=2 train.py``) with no
+    DistributedContext given: the torchrun world, as on det-local, rather than N separate
+    single-process trainings. None when not under a multi-process torchrun."""
+    from det_local.trial.core import DistributedContext
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return None
+    if world < 2 or "LOCAL_WORLD_SIZE" not in os.environ or "GROUP_RANK" not in os.environ:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    logger.info(
+        f"pytorch.init(): running under torchrun with WORLD_SIZE={world}; using "
+        "DistributedContext.from_torch_distributed()"
+    )
+    return DistributedContext.from_torch_distributed()
 
 
 @contextlib.contextmanager
@@ -129,9 +154,11 @@ def init(
         steps_completed = 0
         num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         debug = False
+        if distributed is None:
+            distributed = _torchrun_distributed()
     else:
         assert info is not None
-        distributed = _init_distributed(info)
+        distributed = _init_distributed(info, distributed)
         trial_seed = info.trial.trial_seed
         exp_conf = info.trial._config
         steps_completed = int(info.trial._steps_completed)
