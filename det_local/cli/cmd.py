@@ -42,6 +42,18 @@ def run(
         },
     )
     print(f"Queued command {job_id}", flush=True)
+    from det_local.sched.control import lock_free
+
+    p = api.paths()
+    if lock_free(p):
+        import sys
+
+        print(
+            f"det-local: no daemon is running for {p.home}; command {job_id} waits in the "
+            "queue until one starts (`det-local daemon start`)",
+            file=sys.stderr,
+            flush=True,
+        )
     if follow:
         raise typer.Exit(api.follow_command(int(job_id)))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The job queue.")
@@ -19,9 +21,11 @@ def list_jobs(
     from det_local import api
     from det_local.cli.common import print_json, table
 
-    jobs = api.open_store().jobs.list(include_done=show_all, limit=limit)
+    jobs = in_queue_order(api.open_store().jobs.list(include_done=show_all), api.paths())
+    if limit is not None:
+        jobs = jobs[: max(limit, 0)]
     if as_json:
-        print_json([{"position": i + 1, **j.to_json()} for i, j in enumerate(jobs)])
+        print_json([{**j.to_json(), "position": i + 1} for i, j in enumerate(jobs)])
         return
     rows = []
     for i, j in enumerate(jobs):
@@ -42,6 +46,34 @@ def list_jobs(
     print(
         table(["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"], rows)
     )
+
+
+def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
+    """The order the scheduler goes by (what # means): running jobs, then the queue as the
+    policy considers it (priority mode: priority, then submission order; fair share:
+    interleaved by user), then, with --all, ended jobs."""
+    from det_local.errors import DetLocalError
+    from det_local.sched.policy import JobView, PolicyConfig, RunningJob, queue_order
+    from det_local.sched.settings import load_settings
+
+    try:
+        settings = load_settings(paths.settings)
+        cfg = PolicyConfig(mode=settings.mode, user_weight=settings.user_weight)
+    except DetLocalError:
+        cfg = PolicyConfig()
+
+    def view(j: Any) -> JobView:
+        return JobView(j.id, j.user, j.priority, j.position, j.slots_needed)
+
+    def key(j: Any) -> tuple[int, float, int]:
+        return (j.priority, j.position, j.id)
+
+    running = sorted((j for j in jobs if j.state == "SCHEDULED"), key=key)
+    queued = {j.id: j for j in jobs if j.state == "QUEUED"}
+    ended = sorted((j for j in jobs if j.state not in ("SCHEDULED", "QUEUED")), key=lambda j: j.id)
+    running_views = [RunningJob(view(j), tuple(j.slots)) for j in running]
+    order = queue_order([view(j) for j in queued.values()], cfg, running_views)
+    return running + [queued[v.id] for v in order] + ended
 
 
 @app.command("update")

@@ -23,13 +23,20 @@ class EngineGone(DetLocalError):
 
 
 def lock_free(paths: Paths) -> bool:
-    """Whether no process runs this home's engine right now."""
-    from det_local.sched.embedded import EngineLock
+    """Whether no process runs this home's engine right now (any user may ask: the probe
+    needs only read access to the lock file, which a system-mode home gives everyone)."""
+    import os
 
-    lock = EngineLock(paths)
-    free = lock.try_acquire()
-    lock.release()
-    return free
+    from det_local.sched.embedded import lock_free_fd
+
+    try:
+        fd = os.open(paths.run_dir / "engine.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return True  # no engine has ever run here
+    try:
+        return lock_free_fd(fd)
+    finally:
+        os.close(fd)
 
 
 def retrying(paths: Paths, attempt: Callable[[], T]) -> T:

@@ -88,12 +88,6 @@ def run_foreground(paths: Paths) -> int:
             "(its experiments then go on under the daemon), or use another DET_LOCAL_HOME"
         )
     try:
-        tmp = paths.pid_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"pid": os.getpid(), "started_at": time.time(), "home": str(paths.home)})
-        )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, paths.pid_file)
         return asyncio.run(_serve(paths))
     finally:
         try:
@@ -109,13 +103,18 @@ async def _serve(paths: Paths) -> int:
     from det_local.sched.engine import Engine
 
     def log(line: str) -> None:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)
+        try:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)
+        except OSError:  # the log's disk is full: the daemon goes on without it
+            pass
 
     engine = Engine(paths, out=log, daemon=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, engine.request_stop)
     await engine.start()
+    # only now, with the jobs of an earlier daemon adopted or settled: `daemon start` returns
+    _write_pid_file(paths)
     log(
         f"det-local: daemon {os.getpid()} serving {paths.home} with "
         f"{engine.inventory.size()} {engine.inventory.source} slot(s)"
@@ -126,6 +125,15 @@ async def _serve(paths: Paths) -> int:
         await engine.stop()
         log("det-local: daemon stopped; running jobs go on and are adopted at the next start")
     return 0
+
+
+def _write_pid_file(paths: Paths) -> None:
+    tmp = paths.pid_file.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"pid": os.getpid(), "started_at": time.time(), "home": str(paths.home)})
+    )
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, paths.pid_file)
 
 
 def start_background(paths: Paths) -> DaemonInfo:

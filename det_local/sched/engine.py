@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from det_local.errors import CheckpointError, DetLocalError, NotFoundError, StateError
+from det_local.errors import (
+    CheckpointError,
+    ContextError,
+    DetLocalError,
+    NotFoundError,
+    StateError,
+)
+from det_local.launch.ports import allocate_ports, port_env
 from det_local.sched import executor
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
@@ -57,6 +64,7 @@ class TrialRun:
     token: str
     job_id: int
     pid: int
+    ports: dict[str, int] = field(default_factory=dict)  # rendezvous ports of this run
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     preempt_sent: bool = False
     acked: bool = False
@@ -131,6 +139,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._tasks: list[asyncio.Future[None]] = []
         self._watch_stop = asyncio.Event()
         self._stop_requested = asyncio.Event()
+        self._spool_retry: asyncio.TimerHandle | None = None
+        self._spool_failed: str | None = None  # the last failure logged (logged once)
+        self._foreign_held = False  # a slot is busy only because of a foreign process
+        self._foreign_timer: asyncio.TimerHandle | None = None
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
 
     # ================================================================== lifecycle
@@ -220,7 +232,6 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
         twice: one batch + validation + checkpoint, then a fresh process that restores that
         checkpoint and trains one more batch."""
-        from det_local.store.context import snapshot_context
 
         if test_mode:
             from det_local.config import make_test_config
@@ -231,10 +242,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             int(cfg.resources.slots_per_trial), self.inventory.size(), "resources.slots_per_trial"
         )
         staging = self.paths.staging_dir(uuid.uuid4().hex)
+        identity = _identity(os.getuid() if uid is None else uid)
         # the snapshot first: a missing, oversized or shadowing context is named as such
-        snapshot_context(context_src, staging)
+        self._snapshot_as(identity, context_src, staging)
         try:
-            check_entrypoint(cfg.entrypoint, context_src, source, snapshot=staging)
+            with executor.acting_as(**identity):
+                check_entrypoint(cfg.entrypoint, context_src, source, snapshot=staging)
             # refuses forms this version cannot run (a multi-slot Trial class, launchers)
             entrypoint_argv(
                 cfg.entrypoint,
@@ -255,6 +268,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             )
             dest = self.paths.context_dir(exp_id)
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.exists():  # left by a submission whose record a crash rolled back
+                shutil.rmtree(dest)
             os.replace(staging, dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -267,6 +282,30 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._apply(exp, searcher.initial_actions())
         self._check_idle()
         return exp_id
+
+    def _snapshot_as(self, identity: dict[str, Any], src: Path, dest: Path) -> None:
+        """Snapshot a context with its submitter's rights: a root daemon copies only what the
+        submitter may read (in system mode the copy is built in a box of theirs)."""
+        from det_local.store.context import snapshot_context
+
+        if not identity:
+            snapshot_context(src, dest)
+            return
+        box = dest.with_name(f"{dest.name}.box")
+        box.mkdir(parents=True)
+        try:
+            os.chown(box, identity["uid"], identity["gid"])
+            with executor.acting_as(**identity):
+                try:
+                    snapshot_context(src, box / "context")
+                except PermissionError as err:  # where the context's own checks do not look
+                    raise ContextError(
+                        f"cannot read context {src} as {_user_name(identity['uid'])}: "
+                        f"permission denied ({err.filename or src})"
+                    ) from None
+            os.replace(box / "context", dest)
+        finally:
+            shutil.rmtree(box, ignore_errors=True)
 
     def _warm_start(self, cfg: Any) -> str | None:
         s = cfg.searcher
@@ -406,6 +445,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         )
         info._to_files(info_dir)
         identity = _identity(job.uid)
+        # unique rendezvous ports per running trial, so two multi-slot trials never collide
+        ports = allocate_ports(in_use=[p for r in self.runs.values() for p in r.ports.values()])
         plan = LaunchPlan(
             argv=entrypoint_argv(
                 config["entrypoint"],
@@ -428,21 +469,41 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 info_dir=str(info_dir),
                 checkpoint_dir=str(exp.checkpoint_dir),
                 user=job.user,
-                extra=config_env_vars(config)
+                extra=_login_vars(identity)
+                + config_env_vars(config)
                 + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else [])
-                + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"],
+                + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"]
+                + [f"{k}={v}" for k, v in port_env(ports).items()],
             ),
             cwd=str(context),
             user=job.user,
             slots=list(slots),
             log_path=str(self.paths.trial_log(exp.id, trial_id)),
             info_dir=str(info_dir),
+            ports=ports,
             **identity,
         )
-        exp.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:  # a storage path of the user's choosing is created with the user's rights
+            with executor.acting_as(**identity):
+                exp.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            self._trial_failed_to_start(
+                exp,
+                trial_id,
+                f"trial {trial_id}: cannot create checkpoint storage {exp.checkpoint_dir}"
+                f" as {job.user}: {err.strerror}; fix checkpoint_storage",
+            )
+            return
         if identity:
-            _share_with(identity["uid"], identity["gid"], info_dir, exp.checkpoint_dir)
-        run = TrialRun(trial_id, exp.id, exp.request_of[trial_id], run_id, token, job.id, 0)
+            _share_with(
+                identity["uid"],
+                identity["gid"],
+                info_dir,
+                exp.checkpoint_dir if exp.checkpoint_dir == self.paths.checkpoints else None,
+            )
+        run = TrialRun(
+            trial_id, exp.id, exp.request_of[trial_id], run_id, token, job.id, 0, ports=ports
+        )
         self.runs[trial_id] = run  # before the spawn: a fast trial may connect at once
         try:
             proc = self._spawn(job, plan)
@@ -465,6 +526,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             job.id,
             job.pid or 0,
         )
+        if job.preempt_acked:  # preempted before the restart: its exit means "requeue me"
+            run.acked = True
+            run.requeue_requested = True
+            self._preempting.add(job.id)
         self.runs[job.trial_id] = run
         return run
 
@@ -754,11 +819,36 @@ def install_interrupt(engine: Engine) -> None:
         pass
 
 
-def _share_with(uid: int, gid: int | None, info_dir: Path, storage: Path) -> None:
+def _login_vars(identity: dict[str, Any]) -> list[str]:
+    """HOME, USER and LOGNAME of the user a trial runs as (not the root daemon's own)."""
+    if not identity:
+        return []
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(identity["uid"])
+    except KeyError:
+        return []
+    return [f"HOME={pw.pw_dir}", f"USER={pw.pw_name}", f"LOGNAME={pw.pw_name}"]
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _share_with(uid: int, gid: int | None, info_dir: Path, storage: Path | None) -> None:
     """System mode: the trial runs as its submitter, who must write its info directory (and
-    TensorBoard files in it) and new checkpoints in the shared storage directory."""
+    TensorBoard files in it) and new checkpoints in the shared storage directory (`storage`:
+    det-local's own default storage only; never a directory a user named)."""
     try:
         os.chown(info_dir, uid, gid if gid is not None else -1)
+        if storage is None:
+            return
         st = storage.stat()
         if st.st_uid == 0 and st.st_mode & 0o1777 != 0o1777:
             os.chmod(storage, 0o1777)  # anyone creates, only owners delete (like /tmp)

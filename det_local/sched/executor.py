@@ -12,10 +12,12 @@ from that file for processes it adopted after a restart (not its children, so wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,28 @@ class JobProc:
     popen: subprocess.Popen[bytes] | None  # None for an adopted process (not our child)
     pidfd: int | None
     exit_file: Path
+
+
+@contextlib.contextmanager
+def acting_as(
+    uid: int | None = None, gid: int | None = None, groups: list[int] | None = None
+) -> Iterator[None]:
+    """Within the block, file access has the rights of this user (effective ids only; the saved
+    root id brings root back after). What a root daemon reads or creates for a user, it does
+    with that user's rights, never its own. A no-op unless root acts for another user."""
+    if uid is None or uid == 0 or os.geteuid() != 0:
+        yield
+        return
+    egid, saved_groups = os.getegid(), os.getgroups()
+    os.setgroups(groups or [])
+    os.setegid(gid if gid is not None else uid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(egid)
+        os.setgroups(saved_groups)
 
 
 def wrap(argv: list[str], exit_file: Path) -> list[str]:
@@ -90,6 +114,23 @@ def adopt(job_id: int, pid: int, exit_file: Path) -> JobProc | None:
     if fd is None:
         return None
     return JobProc(job_id, pid, None, fd, exit_file)
+
+
+def find_wrapper(exit_file: Path) -> int | None:
+    """The live wrapper of a job run, found by the exit file its argv names: how a restarted
+    daemon finds a process that was spawned just before a crash, its pid not yet recorded."""
+    import psutil
+
+    target = str(exit_file)
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        if len(argv) > 3 and argv[1:4] == ["-c", _WRAPPER, target]:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == proc.pid:
+                    return proc.pid
+            except (psutil.Error, OSError):
+                continue
+    return None
 
 
 def _pidfd(pid: int) -> int | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import det_local
-from det_local.errors import ConfigError, NotSupportedYet
+from det_local.errors import ConfigError
 
 LEGACY_TRIAL = re.compile(r"^[a-zA-Z0-9_.]+:[a-zA-Z0-9_]+$")
 HOOK = "startup-hook.sh"
@@ -48,9 +48,6 @@ class LaunchPlan:
 
 
 HARNESS_MODULE = "det_local.trial.harness"
-MULTI_SLOT_LEGACY = (
-    "multi-slot trials need the torch_distributed launcher, coming in a later det-local version"
-)
 
 
 def entrypoint_argv(
@@ -61,21 +58,13 @@ def entrypoint_argv(
     the context's startup-hook.sh is sourced first, in the same shell."""
     has_hook = (context_dir / HOOK).is_file()
     if isinstance(entrypoint, str) and LEGACY_TRIAL.match(entrypoint.strip()):
-        if slots_per_trial > 1:
-            raise NotSupportedYet(
-                f"entrypoint '{entrypoint.strip()}' with resources.slots_per_trial: "
-                f"{slots_per_trial}: {MULTI_SLOT_LEGACY}; use slots_per_trial: 1 for now"
-            )
-        argv = [sys.executable, "-m", HARNESS_MODULE, entrypoint.strip()]
+        from det_local.launch import legacy_trial_argv
+
+        # one slot: the harness itself; more: torch_distributed around it (as Determined)
+        argv = legacy_trial_argv(entrypoint.strip(), slots_per_trial)
         if not has_hook:
             return argv
         return ["bash", "-c", f'. ./{HOOK} || exit $?\nexec "$@"', "det-local-trial", *argv]
-    text = entrypoint if isinstance(entrypoint, str) else " ".join(entrypoint)
-    if "determined.launch." in text or "det_local.launch." in text:
-        raise NotSupportedYet(
-            f"entrypoint '{text}' uses a launcher; launchers (torch_distributed, deepspeed, "
-            "horovod) are not supported by this det-local version yet; run the script directly"
-        )
     if isinstance(entrypoint, list):
         if not has_hook:
             return list(entrypoint)

@@ -7,6 +7,7 @@ and adopting job processes. The policy itself (who goes first, who is preempted)
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ COMMAND = "COMMAND"
 # commands of these kinds are started by `shell start`, `notebook start`, `tensorboard start`
 TASK_KINDS = (COMMAND, "SHELL", "NOTEBOOK", "TENSORBOARD")
 PRIORITY_MIN, PRIORITY_MAX = 1, 99
+FOREIGN_RECHECK_S = 2.0  # how often GPUs held by foreign processes are looked at while jobs wait
 
 
 def check_priority(priority: int) -> int:
@@ -38,6 +40,9 @@ def check_priority(priority: int) -> int:
 
 
 class QueueMixin:
+    _foreign_timer: asyncio.TimerHandle | None  # a look at foreign-held GPUs, while jobs wait
+    _foreign_held: bool
+
     # ------------------------------------------------------------------ views for the policy
     def _policy_config(self: Engine) -> PolicyConfig:
         groups: dict[str, int] = {}
@@ -68,9 +73,23 @@ class QueueMixin:
     def _free_slots(self: Engine, jobs: list[JobRecord]) -> list[int]:
         used = {s for j in jobs if j.state == SCHEDULED for s in j.slots}
         busy = self._foreign_busy()
+        if busy - used:
+            # nothing of ours tells when a foreign process lets go of its GPU: look again soon
+            # while jobs wait (a bounded supervision tick, only then)
+            self._foreign_held = True
         return [
             s.index for s in self.inventory.slots if s.index not in used and s.index not in busy
         ]
+
+    def _recheck_foreign_later(self: Engine) -> None:
+        if self._foreign_timer is not None or self.loop is None:
+            return
+
+        def again() -> None:
+            self._foreign_timer = None
+            self._schedule()
+
+        self._foreign_timer = self.loop.call_later(FOREIGN_RECHECK_S, again)
 
     def _foreign_busy(self: Engine) -> set[int]:
         if not self.settings.foreign_gpus_busy or self.inventory.source == "cpu":
@@ -111,10 +130,13 @@ class QueueMixin:
         if not queued:
             self.waiting = {}
             return
+        self._foreign_held = False
         decision = schedule(
             self.inventory.size(), self._free_slots(jobs), running, queued, self._policy_config()
         )
         self.waiting = dict(decision.waiting)
+        if self._foreign_held and self.waiting:
+            self._recheck_foreign_later()
         by_id = {j.id: j for j in jobs}
         for job_id in decision.preempt:
             self._preempt_job(by_id[job_id])
@@ -424,19 +446,27 @@ class QueueMixin:
             ):
                 exp = self._exp(rec.id)
                 exp.stopping = "pause"
-        settled: list[tuple[JobRecord, int | None]] = []
+        settled: list[tuple[JobRecord, int | None, bool]] = []
         for job in self.store.jobs.active():
             if job.state != SCHEDULED:
                 continue
+            exit_file = self.paths.job_exit_file(job.id, job.run_id)
+            spawned = job.pid is not None
+            if not spawned:  # allocated; maybe spawned just before a crash, pid unrecorded
+                pid = executor.find_wrapper(exit_file)
+                started = executor.start_time(pid) if pid is not None else None
+                if pid is not None and started is not None:
+                    self.store.jobs.set_process(job.id, pid, started)
+                    job = self.store.jobs.get(job.id)
+                # the wrapper of this run (exit files are removed before a spawn) ran, or ran out
+                spawned = job.pid is not None or exit_file.exists()
             if job.pid is not None and executor.is_same_process(job.pid, job.pid_start):
                 self._adopt(job)
                 continue
-            code = None
-            if job.pid is not None:
-                code = executor.read_exit_file(self.paths.job_exit_file(job.id, job.run_id))
-            settled.append((job, code))
-        for job, code in settled:
-            self._settle_lost(job, code)
+            code = executor.read_exit_file(exit_file) if spawned else None
+            settled.append((job, code, spawned))
+        for job, code, spawned in settled:
+            self._settle_lost(job, code, spawned=spawned)
         for exp in list(self.experiments.values()):
             state = self.store.get_experiment(exp.id).state
             if state == State.STOPPING_CANCELED:
@@ -470,10 +500,13 @@ class QueueMixin:
                 else:
                     self._preempt(run, exp)
 
-    def _settle_lost(self: Engine, job: JobRecord, code: int | None) -> None:
-        """A job whose process ended while no daemon watched it."""
+    def _settle_lost(
+        self: Engine, job: JobRecord, code: int | None, *, spawned: bool = True
+    ) -> None:
+        """A job whose process ended while no daemon watched it (spawned=False: whose process
+        never started)."""
         if job.kind != TRIAL:
-            if job.pid is None:
+            if not spawned:
                 self.store.jobs.requeue(job.id)  # never started: it keeps its place
                 return
             message = f"command {job.id} ended while the daemon was down" + (
@@ -483,12 +516,12 @@ class QueueMixin:
             return
         assert job.experiment_id is not None and job.trial_id is not None
         exp = self._exp(job.experiment_id)
-        if job.pid is None or code is None:
+        if not spawned or code is None:
             # never started, or its status is lost: run it again from its latest checkpoint
             self.store.jobs.requeue(job.id)
             self.note(
                 f"trial {job.trial_id} "
-                + ("never started" if job.pid is None else "ended while the daemon was down")
+                + ("never started" if not spawned else "ended while the daemon was down")
                 + "; queued again to resume from its latest checkpoint",
                 experiment_id=exp.id,
                 trial_id=job.trial_id,

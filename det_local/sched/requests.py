@@ -24,9 +24,29 @@ from det_local.sched.spool import Request, SpoolError
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
 
+SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tried again after
+
 
 class PermissionDenied(DetLocalError):
     pass
+
+
+def _transient(err: BaseException) -> bool:
+    """An error of the machine, not of the request (a full disk, a locked database): trying
+    the request again later can succeed."""
+    import errno
+    import sqlite3
+
+    if isinstance(err, sqlite3.OperationalError):
+        return True
+    return isinstance(err, OSError) and err.errno in (
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,
+    )
 
 
 def _uid_of(user: str) -> int | None:
@@ -37,6 +57,9 @@ def _uid_of(user: str) -> int | None:
 
 
 class RequestsMixin:
+    _spool_retry: asyncio.TimerHandle | None  # a retry of requests that could not be applied
+    _spool_failed: str | None
+
     # ------------------------------------------------------------------ the watcher
     def _start_spool(self: Engine) -> None:
         self.process_spool()
@@ -60,16 +83,52 @@ class RequestsMixin:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # the watcher broke: fall back to a bounded tick
-            self.note(f"watching {queue} failed ({err}); checking it every 0.5 s instead")
+            self._log_safely(f"watching {queue} failed ({err}); checking it every 0.5 s instead")
             while True:
                 await asyncio.sleep(0.5)
                 self.process_spool()
 
     def process_spool(self: Engine) -> None:
+        """Apply the pending requests in name order. A request that cannot be applied or
+        answered for a reason outside it (a full disk, an I/O error) stays in the spool, and
+        so do the ones after it (their order is kept): they are tried again shortly."""
         if self.closing:
             return  # an embedded engine about to stop: the next engine takes the requests
         for path in spool.pending(self.paths):
-            self._process_request(path)
+            try:
+                self._process_request(path)
+            except Exception as err:
+                why = f"could not apply request {path.name} ({type(err).__name__}: {err})"
+                if why != self._spool_failed:  # once, not at every retry
+                    self._spool_failed = why
+                    self._log_safely(
+                        f"{why}; it stays in {self.paths.queue} and is tried again every "
+                        f"{SPOOL_RETRY_S:.0f} s",
+                        level="ERROR",
+                    )
+                self._retry_spool()
+                return
+        self._spool_failed = None
+
+    def _retry_spool(self: Engine) -> None:
+        if self._spool_retry is not None or self.loop is None:
+            return
+
+        def again() -> None:
+            self._spool_retry = None
+            self.process_spool()
+
+        self._spool_retry = self.loop.call_later(SPOOL_RETRY_S, again)
+
+    def _log_safely(self: Engine, message: str, level: str = "WARNING") -> None:
+        """note(), falling back to the daemon's log when the store cannot be written."""
+        try:
+            self.note(message, level=level)
+        except Exception:
+            try:
+                self._out(f"det-local: {message}")
+            except Exception:
+                pass
 
     def _process_request(self: Engine, path: Path) -> None:
         try:
@@ -78,17 +137,38 @@ class RequestsMixin:
             self._reject(path, str(err))
             return
         done = self.store.jobs.request_result(req.id)
-        if done is None:
+        # applied before a crash: answer again from the store, do not apply twice
+        answer = self._apply_and_record(req) if done is None else done
+        # e.g. a full disk: OSError, and the request stays, to be answered later (from the store)
+        spool.respond(self.paths, req.id, req.uid, answer)
+        spool.remove(path)
+
+    def _apply_and_record(self: Engine, req: Request) -> dict[str, Any]:
+        """Apply the request and record its answer in one transaction: after a crash it is
+        either applied and answered from the store, or not applied at all (and still in the
+        spool). Scheduling passes wait for the commit, so no process starts for a change that
+        could still be rolled back."""
+        conn = self.store.conn
+        deferring = not self._scheduling
+        if deferring:
+            self._scheduling = True  # _schedule() only notes that a pass is due
+            self._schedule_again = False
+        conn.execute("SAVEPOINT request")
+        try:
             answer = self._apply_request(req)
             self.store.jobs.record_request(req.id, answer)
-        else:
-            answer = done  # applied before a crash: answer again, do not apply twice
-        try:
-            spool.respond(self.paths, req.id, req.uid, answer)
-        except OSError as err:  # e.g. a full disk: the request stays, to be answered later
-            self.note(f"could not answer request {req.id}: {err}", level="ERROR")
-            return
-        spool.remove(path)
+            conn.execute("RELEASE request")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO request")
+                conn.execute("RELEASE request")
+            raise
+        finally:
+            if deferring:
+                self._scheduling = False
+        if deferring and self._schedule_again:
+            self._schedule()
+        return answer
 
     def _reject(self: Engine, path: Path, message: str) -> None:
         """A request that cannot be read: answer the file's owner, keep nothing."""
@@ -97,11 +177,8 @@ class RequestsMixin:
             uid = os.lstat(path).st_uid
         except OSError:
             return
-        self.note(f"rejected request {path.name}: {message}", level="WARNING")
-        try:
-            spool.respond(self.paths, req_id, uid, {"error": message})
-        except OSError:
-            pass
+        self._log_safely(f"rejected request {path.name}: {message}")
+        spool.respond(self.paths, req_id, uid, {"error": message})  # OSError: tried again later
         spool.remove(path)
 
     def _apply_request(self: Engine, req: Request) -> dict[str, Any]:
@@ -112,8 +189,12 @@ class RequestsMixin:
             return {"value": handler(req)}
         except DetLocalError as err:
             return {"error": str(err)}
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             return {"error": f"request {req.path.name} ({req.op}) is malformed: {err!r}"}
+        except Exception as err:
+            if _transient(err):
+                raise  # a full disk...: the request stays in the spool and is tried again
+            return {"error": f"request {req.path.name} ({req.op}) failed: {err!r}"}
 
     def _handlers(self: Engine) -> dict[str, Callable[[Request], Any]]:
         return {

@@ -66,13 +66,25 @@ def submit(paths: Paths, op: str, payload: dict[str, Any]) -> str:
         {"op": op, "user": user_name(os.geteuid()), "payload": payload}, use_bin_type=True
     )
     tmp = paths.queue / f".{req_id}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, paths.queue / f"{req_id}{SUFFIX}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, paths.queue / f"{req_id}{SUFFIX}")
+    except OSError as err:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise SpoolError(
+            f"cannot write a request to {paths.queue}: {err.strerror or err}; nothing was "
+            "submitted (free some space there, or check its permissions, and try again)"
+        ) from None
     return req_id
 
 
@@ -189,7 +201,14 @@ def prune_responses(paths: Paths, max_age_s: float = 3600.0) -> int:
 
 
 def remove(path: Path) -> None:
+    """Remove a request (or whatever took a request's name: a directory goes too)."""
     try:
         path.unlink()
     except FileNotFoundError:
         pass
+    except IsADirectoryError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)  # never follows symlinks inside it
+        if path.exists():  # out of the way, at least: a hidden name is not a request
+            os.rename(path, path.with_name(f".{path.name}.rejected"))

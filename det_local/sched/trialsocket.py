@@ -96,6 +96,8 @@ class TrialSocketMixin:
             elif kind == "out_of_ops":
                 pass
             elif kind == "preempt_ack":
+                if not run.acked:
+                    self.store.jobs.set_preempt_acked(run.job_id)  # outlives a daemon crash
                 run.acked = True
             elif kind == "bye":
                 pass

@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     cwd TEXT,
     env TEXT,
     exit_code INTEGER,
-    message TEXT
+    message TEXT,
+    preempt_acked INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_trial ON jobs(trial_id) WHERE trial_id IS NOT NULL;
@@ -60,7 +61,7 @@ DONE = "DONE"
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
     "trial_id, slots, pid, pid_start, token, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, env, exit_code, message"
+    "cwd, env, exit_code, message, preempt_acked"
 )
 
 
@@ -90,6 +91,9 @@ class JobRecord:
     env: dict[str, str] | None = field(default=None, repr=False)
     exit_code: int | None = None
     message: str | None = None
+    # the running trial acknowledged a preemption (kept for a daemon that restarts before it
+    # exits: its exit then means "requeue me", not "done")
+    preempt_acked: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -124,6 +128,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         env=json.loads(r[21]) if r[21] else None,
         exit_code=r[22],
         message=r[23],
+        preempt_acked=bool(r[24]),
     )
 
 
@@ -134,6 +139,9 @@ class JobTable:
         self.conn = conn
         if not readonly:
             conn.executescript(SCHEMA)
+            columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+            if "preempt_acked" not in columns:  # a database from before the column
+                conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
 
     def create(
         self,
@@ -205,7 +213,8 @@ class JobTable:
     def requeue(self, job_id: int, *, priority: int | None = None) -> None:
         self.conn.execute(
             "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL, token=NULL,"
-            " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL WHERE id=?",
+            " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL, preempt_acked=0"
+            " WHERE id=?",
             (QUEUED, priority, job_id),
         )
 
@@ -213,7 +222,7 @@ class JobTable:
         """Durable before acting: the allocation is recorded before the process is spawned."""
         self.conn.execute(
             "UPDATE jobs SET state=?, slots=?, token=?, run_id=?, started_at=?, pid=NULL,"
-            " pid_start=NULL WHERE id=?",
+            " pid_start=NULL, preempt_acked=0 WHERE id=?",
             (SCHEDULED, json.dumps(list(slots)), token, run_id, time.time(), job_id),
         )
 
@@ -225,6 +234,9 @@ class JobTable:
             "UPDATE jobs SET state=?, slots='[]', ended_at=?, exit_code=?, message=? WHERE id=?",
             (DONE, time.time(), exit_code, message, job_id),
         )
+
+    def set_preempt_acked(self, job_id: int) -> None:
+        self.conn.execute("UPDATE jobs SET preempt_acked=1 WHERE id=?", (job_id,))
 
     def set_priority(self, job_id: int, priority: int) -> None:
         self.conn.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))

@@ -40,9 +40,6 @@ from det_local.errors import ConfigError, DetLocalError, NotSupportedYet
 
 logger = logging.getLogger("determined")
 
-MULTI_SLOT = (
-    "multi-slot trials need the torch_distributed launcher, coming in a later det-local version"
-)
 TEST_MODE_ENV = "DET_LOCAL_TEST_MODE"
 DEBUG_ENV = "DET_LOCAL_DEBUG"
 
@@ -86,10 +83,12 @@ def run(train_entrypoint: str) -> None:
         )
     config: dict[str, Any] = info.trial._config
     slots = int((config.get("resources") or {}).get("slots_per_trial") or 1)
-    if slots > 1 or len(info.slot_ids) > 1:
-        raise NotSupportedYet(
-            f"entrypoint '{train_entrypoint}' with resources.slots_per_trial: {slots}: "
-            f"{MULTI_SLOT}; use slots_per_trial: 1 for now"
+    if (slots > 1 or len(info.slot_ids) > 1) and not os.environ.get("WORLD_SIZE"):
+        raise DetLocalError(
+            f"entrypoint '{train_entrypoint}' with resources.slots_per_trial: {slots} runs one "
+            "harness per slot under the torch_distributed launcher; use the entrypoint "
+            f"'{train_entrypoint}' (det-local wraps it) or 'python3 -m "
+            f"determined.launch.torch_distributed --trial {train_entrypoint}'"
         )
     hparams = info.trial.hparams
     gbs = _global_batch_size(hparams)
