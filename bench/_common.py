@@ -72,6 +72,8 @@ class Daemon:
         self.stop()
 
     def stop(self) -> None:
+        """Stop the daemon, then end the process groups of jobs it left running (a daemon's
+        jobs outlive it by design; a benchmark's must not)."""
         if self.pid is None:
             return
         subprocess.run(
@@ -82,6 +84,31 @@ class Daemon:
         except ProcessLookupError:
             pass
         self.pid = None
+        kill_running_jobs(self.home)
+
+
+def kill_running_jobs(home: str) -> int:
+    """SIGKILL the process group of every job HOME's store records as running; returns how many
+    groups were still there."""
+    import signal
+    import sqlite3
+
+    db = os.path.join(home, "det-local.db")
+    if not os.path.exists(db):
+        return 0
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        pids = [r[0] for r in conn.execute("SELECT pid FROM jobs WHERE state='SCHEDULED'") if r[0]]
+    finally:
+        conn.close()
+    n = 0
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            n += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return n
 
 
 # ---------------------------------------------------------------------- task-spooler, the peer
