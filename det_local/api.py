@@ -112,3 +112,69 @@ def follow_command(job_id: int, poll: float = 0.05) -> int:
             return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
         if not data:
             time.sleep(poll)
+
+
+def ranked_trials(store: Store, experiment_id: int) -> list[Any]:
+    """The experiment's trials, best searcher metric first (trials without one last)."""
+    exp = store.get_experiment(experiment_id)
+    smaller = bool((exp.config.get("searcher") or {}).get("smaller_is_better", True))
+    trials = store.list_trials(experiment_id)
+
+    def key(t: Any) -> tuple[int, float]:
+        if t.best_validation is None:
+            return (1, 0.0)
+        return (0, t.best_validation if smaller else -t.best_validation)
+
+    return sorted(trials, key=key)
+
+
+def trial_rungs(store: Store, experiment_id: int) -> dict[int, int]:
+    """trial id -> the ASHA rung it reached (empty for searchers without rungs)."""
+    from det_local.config import parse_config
+    from det_local.search import make_searcher
+
+    exp = store.get_experiment(experiment_id)
+    snap = store.get_searcher_state(experiment_id)
+    if not snap:
+        return {}
+    try:
+        searcher = make_searcher(parse_config(exp.config, source=f"experiment {experiment_id}"))
+        searcher.restore(snap["searcher"])
+    except Exception:  # a searcher this version cannot rebuild: no rung column
+        return {}
+    out = {}
+    for rid, trial_id in (snap.get("trial_of") or {}).items():
+        rung = searcher.rung_of(rid)
+        if rung is not None:
+            out[int(trial_id)] = int(rung)
+    return out
+
+
+def best_trial(experiment_id: int) -> dict[str, Any]:
+    """The best trial by the searcher metric, and its best checkpoint (the one recorded at its
+    best validation's steps, else its latest)."""
+    from det_local.errors import NotFoundError
+
+    store = open_store()
+    ranked = [t for t in ranked_trials(store, experiment_id) if t.best_validation is not None]
+    if not ranked:
+        raise NotFoundError(
+            f"experiment {experiment_id} has no trial with a validation of its searcher metric yet"
+        )
+    trial = ranked[0]
+    exp = store.get_experiment(experiment_id)
+    metric = (exp.config.get("searcher") or {}).get("metric")
+    steps = None
+    for m in store.list_metrics(trial.id, "validation"):
+        if metric is not None and m.metrics.get(metric) == trial.best_validation:
+            steps = m.steps_completed
+    ckpts = [c for c in store.list_checkpoints(trial_id=trial.id) if c.state == "COMPLETED"]
+    at_best = [c for c in ckpts if c.steps_completed == steps]
+    ckpt = at_best[-1] if at_best else (ckpts[-1] if ckpts else None)
+    return {
+        "experiment_id": experiment_id,
+        "metric": metric,
+        "trial": trial.to_json(),
+        "best_validation": trial.best_validation,
+        "checkpoint": ckpt.to_json() if ckpt else None,
+    }

@@ -67,13 +67,16 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
 
     store = open_store()
     exp = store.get_experiment(experiment_id)
-    trials = store.list_trials(experiment_id)
+    from det_local.api import ranked_trials, trial_rungs
+
+    trials = ranked_trials(store, experiment_id)
+    rungs = trial_rungs(store, experiment_id)
     ckpts = store.list_checkpoints(experiment_id=experiment_id)
     if as_json:
         print_json(
             {
                 "experiment": exp.to_json(),
-                "trials": [t.to_json() for t in trials],
+                "trials": [{**t.to_json(), "rung": rungs.get(t.id)} for t in trials],
                 "checkpoints": [c.to_json() for c in ckpts],
             }
         )
@@ -95,7 +98,7 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     ]
     lines = [f"Experiment {exp.id}: {exp.name}"]
     lines += [f"  {k + ':':<13}{v}".rstrip() for k, v in fields]
-    lines += ["", "Trials:", trials_table(store, trials)]
+    lines += ["", "Trials (best first):", trials_table(store, trials, rungs)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
     print("\n".join(lines))
 
@@ -181,3 +184,24 @@ def label_remove(
 ) -> None:
     """Remove a label from an experiment."""
     _control(experiment_id, "label_remove", label=label)
+
+
+@app.command("best")
+def best(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
+    """The best trial by the searcher metric, and its checkpoint."""
+    from det_local.api import best_trial
+    from det_local.cli.common import print_json
+
+    b = best_trial(experiment_id)
+    if as_json:
+        print_json(b)
+        return
+    t = b["trial"]
+    print(f"Best trial of experiment {experiment_id}: trial {t['id']} ({t['state']})")
+    print(f"  {b['metric']}: {b['best_validation']}")
+    print(f"  hyperparameters: {t['hparams']}")
+    c = b["checkpoint"]
+    if c:
+        print(f"  checkpoint: {c['uuid']} (steps_completed={c['steps_completed']}) at {c['path']}")
+    else:
+        print("  checkpoint: none recorded")

@@ -49,26 +49,34 @@ def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def trials_table(store: Store, trials: Iterable[TrialRecord]) -> str:
-    """Trials with their latest validation metrics (one small query per trial)."""
+def trials_table(
+    store: Store, trials: Iterable[TrialRecord], rungs: dict[int, int] | None = None
+) -> str:
+    """Trials with hparams and their latest validation metrics (one small query per trial);
+    a Rung column for ASHA searches."""
     from det_local.cli.common import table
 
     rows = []
     for t in trials:
         latest = store.latest_metrics(t.id, VALIDATION)
-        rows.append(
-            [
-                t.id,
-                t.state.value,
-                t.steps_completed,
-                t.restarts,
-                "" if t.best_validation is None else fmt_value(t.best_validation),
-                fmt_metrics(latest.metrics if latest else None),
-                t.latest_checkpoint or "",
-            ]
-        )
+        row = [
+            t.id,
+            t.state.value,
+            t.steps_completed,
+            t.restarts,
+            "" if t.best_validation is None else fmt_value(t.best_validation),
+            fmt_metrics(latest.metrics if latest else None),
+            fmt_metrics(t.hparams),
+            t.latest_checkpoint or "",
+        ]
+        if rungs:
+            row.insert(3, "" if rungs.get(t.id) is None else rungs[t.id])
+        rows.append(row)
     headers = ["ID", "State", "Steps", "Restarts", "Best Validation", "Latest Validation"]
-    return table([*headers, "Checkpoint"], rows)
+    headers += ["Hyperparameters", "Checkpoint"]
+    if rungs:
+        headers.insert(3, "Rung")
+    return table(headers, rows)
 
 
 # ---------------------------------------------------------------------------- list / describe

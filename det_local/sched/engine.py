@@ -90,6 +90,7 @@ class ExperimentRun:
     best: float | None = None
     progress: dict[int, float] = field(default_factory=dict)
     test_mode: bool = False  # `run --test`: one batch, validate, checkpoint, then a restore run
+    waiting: set[str] = field(default_factory=set)  # promotion ASHA: out of ops, may be promoted
 
 
 def checkpoint_dir_for(paths: Paths, config: dict[str, Any]) -> Path:
@@ -336,8 +337,15 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 exp.ops.setdefault(action.request_id, deque())
             elif isinstance(action, ValidateAfter):
                 exp.ops.setdefault(action.request_id, deque()).append(action.length)
+                if action.request_id in exp.waiting:  # promoted: resume from its checkpoint
+                    exp.waiting.discard(action.request_id)
+                    self._enqueue_trial(exp, exp.trial_of[action.request_id])
             elif isinstance(action, Close):
                 exp.closed.add(action.request_id)
+                if action.request_id in exp.waiting:  # never promoted: it is done
+                    exp.waiting.discard(action.request_id)
+                    self.store.set_trial_state(exp.trial_of[action.request_id], State.COMPLETED)
+                    self._apply(exp, exp.searcher.on_trial_exited(action.request_id))
             elif isinstance(action, Stop):
                 run = self.runs.get(exp.trial_of.get(action.request_id, -1))
                 if run is not None:
@@ -363,6 +371,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             "closed": sorted(exp.closed),
             "shutdown": None if exp.shutdown is None else exp.shutdown.__dict__,
             "test_mode": exp.test_mode,
+            "waiting": sorted(exp.waiting),
         }
 
     # ================================================================== launching
@@ -554,7 +563,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             ExitFacts(
                 exit_code=code,
                 kill_requested=run.kill_requested or exp.stopping == "kill",
-                pause_requested=exp.stopping == "pause",
+                pause_requested=exp.stopping in ("pause", "error"),
                 stop_requested=run.stop_requested,
                 preempt_acknowledged=run.acked,
                 invalid_hp=run.invalid_hp,
@@ -567,8 +576,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         tid = run.trial_id
         if outcome not in (Outcome.REQUEUE, Outcome.RESTART):
             self._finish_trial_job(tid, code, outcome.value)
-        if outcome == Outcome.COMPLETED and self._test_mode_restore(exp, run):
-            pass
+        if outcome == Outcome.COMPLETED and (
+            self._test_mode_restore(exp, run) or self._wait_for_promotion(exp, run)
+        ):
+            pass  # it runs again (a restore test, or a promotion), or waits to be promoted
         elif outcome in (Outcome.COMPLETED, Outcome.STOPPED):
             self.store.set_trial_state(tid, State.COMPLETED)
             self._apply(exp, exp.searcher.on_trial_exited(rid))
@@ -614,6 +625,20 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._maybe_finish(exp)
         self._check_idle()
 
+    def _wait_for_promotion(self, exp: ExperimentRun, run: TrialRun) -> bool:
+        """Promotion-based ASHA (<=0.37): a trial that ran out of operations but is not closed
+        waits, without a process, until the searcher promotes it (a new operation: it resumes
+        from its checkpoint) or closes it. False when it is simply done."""
+        rid = run.request_id
+        if not exp.searcher.pauses_trials or rid in exp.closed:
+            return False
+        if exp.ops.get(rid):  # promoted while it was exiting
+            self._enqueue_trial(exp, run.trial_id)
+            return True
+        exp.waiting.add(rid)
+        self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
+        return True
+
     def _test_mode_restore(self, exp: ExperimentRun, run: TrialRun) -> bool:
         """Test mode, after the first run: restore its checkpoint in a fresh process and train
         one more batch (an operation one batch longer for Core API scripts). False when there is
@@ -646,8 +671,20 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             exp.stopping = None
         elif exp.stopping == "pause":
             exp.stopping = None
+        elif exp.stopping == "error":  # the searcher could not go on (see _searcher_failed)
+            rec = self.store.get_experiment(exp.id)
+            for t in self.store.list_trials(exp.id):
+                if not t.state.terminal:
+                    self.store.set_trial_state(
+                        t.id, State.CANCELED, f"experiment failed: {rec.message}"
+                    )
+            if not state.terminal:
+                self.store.set_experiment_state(exp.id, State.ERROR)
+            exp.stopping = None
         elif exp.shutdown is not None and state == State.ACTIVE:
-            if exp.shutdown.failure:
+            if exp.shutdown.cancel and not exp.shutdown.failure:
+                self.store.set_experiment_state(exp.id, State.CANCELED)
+            elif exp.shutdown.failure:
                 errs = [t for t in self.store.list_trials(exp.id) if t.state == State.ERROR]
                 why = errs[0].message if errs else "every trial failed"
                 self.store.set_experiment_state(exp.id, State.ERROR, why)
@@ -699,6 +736,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             exp.closed = set(snap["closed"])
             exp.shutdown = Shutdown(**snap["shutdown"]) if snap["shutdown"] else None
             exp.test_mode = bool(snap.get("test_mode"))
+            exp.waiting = set(snap.get("waiting") or [])
         sign = 1.0 if cfg.searcher.smaller_is_better else -1.0
         for t in self.store.list_trials(experiment_id):
             if t.best_validation is not None:

@@ -75,7 +75,7 @@ class RequestsMixin:
                 queue,
                 recursive=False,
                 debounce=0,
-                step=1,
+                step=5,  # ms between checks: ~200 wake-ups/s at most
                 watch_filter=lambda _c, p: p.endswith(spool.SUFFIX),
                 stop_event=self._watch_stop,
             ):
@@ -94,6 +94,21 @@ class RequestsMixin:
         so do the ones after it (their order is kept): they are tried again shortly."""
         if self.closing:
             return  # an embedded engine about to stop: the next engine takes the requests
+        # One scheduling pass after the batch, not one per request: each request is committed
+        # and answered first, then the jobs it queued start (durable before acting still holds).
+        batch = not self._scheduling
+        if batch:
+            self._scheduling = True
+            self._schedule_again = False
+        try:
+            self._process_pending()
+        finally:
+            if batch:
+                self._scheduling = False
+                if self._schedule_again:
+                    self._schedule()
+
+    def _process_pending(self: Engine) -> None:
         for path in spool.pending(self.paths):
             try:
                 self._process_request(path)

@@ -93,7 +93,7 @@ def wait_response(paths: Paths, req_id: str, timeout: float = 60.0) -> Any:
     path = responses_dir(paths) / f"{req_id}{RESPONSE_SUFFIX}"
     daemon_uid = os.stat(paths.queue).st_uid  # answers are written by the queue's owner only
     deadline = time.monotonic() + timeout
-    delay = 0.001
+    delay = 0.0005
     while True:
         try:
             with open(path, "rb") as f:
@@ -110,7 +110,7 @@ def wait_response(paths: Paths, req_id: str, timeout: float = 60.0) -> Any:
                     "is it running? (`det-local daemon status`)"
                 ) from None
             time.sleep(delay)
-            delay = min(delay * 2, 0.02)
+            delay = min(delay * 1.5, 0.005)
             continue
         try:
             path.unlink()

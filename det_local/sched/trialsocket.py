@@ -11,7 +11,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from det_local.errors import DetLocalError, NotFoundError
+from det_local.errors import DetLocalError, MetricError, NotFoundError
 from det_local.store.records import CheckpointRecord
 
 if TYPE_CHECKING:
@@ -141,16 +141,34 @@ class TrialSocketMixin:
                 if tb is None or v < tb:
                     self.store.set_best_validation(run.trial_id, float(value))
                 exp.best = self._better(exp, v, exp.best)
-            self._apply(exp, exp.searcher.on_validation(run.request_id, metrics))
+            try:
+                actions = exp.searcher.on_validation(run.request_id, metrics)
+            except MetricError as err:  # e.g. ASHA's metric or time_metric missing
+                self._searcher_failed(exp, run.trial_id, str(err))
+                return
+            self._apply(exp, actions)
+
+    def _searcher_failed(self: Engine, exp: ExperimentRun, trial_id: int, why: str) -> None:
+        """The searcher cannot go on (a report it needs is missing): the experiment ends in
+        ERROR; running trials checkpoint and stop; what they reported stays recorded."""
+        from det_local.store.states import State
+
+        message = f"trial {trial_id}: {why}"
+        self.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
+        if self.store.get_experiment(exp.id).state == State.ACTIVE:
+            self.store.set_experiment_state(exp.id, State.STOPPING_ERROR, message)
+        exp.stopping = "error"
+        for t in self.store.list_trials(exp.id):
+            if t.id not in self.runs:
+                self._dequeue_trial(t.id, "experiment failed")
+        for r in [r for r in self.runs.values() if r.experiment_id == exp.id]:
+            self._preempt(r, exp)
+        self._maybe_finish(exp)
 
     def _on_progress(self: Engine, run: TrialRun, exp: ExperimentRun, progress: float) -> None:
         exp.progress[run.trial_id] = progress
-        total = max(exp.searcher.state.trials_requested, 1)
-        done = len(exp.searcher.state.completed) + len(exp.searcher.state.failed)
-        running = sum(
-            exp.progress.get(t, 0.0) for t in self.runs if self.runs[t].experiment_id == exp.id
-        )
-        self.store.set_experiment_progress(exp.id, min((done + running) / total, 1.0))
+        exp.searcher.set_trial_progress(run.request_id, progress)
+        self.store.set_experiment_progress(exp.id, exp.searcher.progress())
 
     def _on_checkpoint(self: Engine, run: TrialRun, msg: dict[str, Any]) -> None:
         uuid_ = str(msg["uuid"])

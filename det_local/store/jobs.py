@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     preempt_acked INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_by_position ON jobs(position);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_trial ON jobs(trial_id) WHERE trial_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY,
@@ -63,6 +64,11 @@ _COLS = (
     "trial_id, slots, pid, pid_start, token, run_id, submitted_at, started_at, ended_at, argv, "
     "cwd, env, exit_code, message, preempt_acked"
 )
+# the scheduler's and `job list`'s view: without the (large) environment of commands; the
+# scheduling pass also skips argv (`get` reads the whole row when a job starts)
+_LIST_COLS = _COLS.replace("cwd, env,", "cwd, NULL,")
+_ACTIVE_COLS = _LIST_COLS.replace("ended_at, argv,", "ended_at, NULL,")
+_ACTIVE = "state IN ('QUEUED', 'SCHEDULED')"
 
 
 @dataclass
@@ -194,16 +200,17 @@ class JobTable:
         return _row(r) if r else None
 
     def active(self) -> list[JobRecord]:
-        """QUEUED and SCHEDULED jobs, in position order."""
+        """QUEUED and SCHEDULED jobs, in position order (argv and env left out)."""
         rows = self.conn.execute(
-            f"SELECT {_COLS} FROM jobs WHERE state != ? ORDER BY position", (DONE,)
+            f"SELECT {_ACTIVE_COLS} FROM jobs WHERE {_ACTIVE} ORDER BY position"
         )
         return [_row(r) for r in rows]
 
     def list(self, *, include_done: bool = False, limit: int | None = None) -> list[JobRecord]:
-        sql = f"SELECT {_COLS} FROM jobs"
+        """Jobs in queue order for `job list` (env left out)."""
+        sql = f"SELECT {_LIST_COLS} FROM jobs"
         if not include_done:
-            sql += f" WHERE state != '{DONE}'"
+            sql += f" WHERE {_ACTIVE}"
         sql += " ORDER BY position"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
