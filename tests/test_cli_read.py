@@ -180,12 +180,12 @@ def test_experiment_describe(world: World) -> None:
     assert "single (metric val_loss, smaller is better; max_length 100 batches)" in out
     assert "python3 train.py" in out
     assert re.search(r"Slots/trial:\s+2", out)
-    trials = out.split("Trials:")[1].split("Checkpoints:")[0]
+    trials = out.split("Trials (best first):")[1].split("Checkpoints:")[0]
     done_row = next(ln for ln in trials.splitlines() if ln.startswith(f"{world.done_trial} "))
     cells = [c.strip() for c in done_row.split("|")]
     assert cells[:5] == [str(world.done_trial), "COMPLETED", "20", "0", "0.4"]
     assert "val_loss=0.4" in cells[5] and "accuracy=0.875" in cells[5]
-    assert cells[6] == world.ck2
+    assert cells[7] == world.ck2  # after the hyperparameters column
     ckpts = out.split("Checkpoints:")[1]
     assert world.ck1 in ckpts and world.ck2 in ckpts
 
