@@ -270,7 +270,7 @@ def test_an_error_in_the_trial_code_shows_its_traceback(dl: Env) -> None:
 
 
 # ---------------------------------------------------------------------------- in-process
-def test_plan_runs_the_harness_and_refuses_multi_slot(tmp_path: Path) -> None:
+def test_plan_runs_the_harness_or_the_launcher(tmp_path: Path) -> None:
     assert entrypoint_argv("model_def:OneVarTrial", tmp_path) == [
         sys.executable, "-m", "det_local.trial.harness", "model_def:OneVarTrial",
     ]  # fmt: skip
@@ -278,8 +278,12 @@ def test_plan_runs_the_harness_and_refuses_multi_slot(tmp_path: Path) -> None:
     argv = entrypoint_argv("model_def:OneVarTrial", tmp_path)
     assert argv[:2] == ["bash", "-c"] and ". ./startup-hook.sh" in argv[2]
     assert argv[-4:] == [sys.executable, "-m", "det_local.trial.harness", "model_def:OneVarTrial"]
-    with pytest.raises(NotSupportedYet, match="multi-slot trials need the torch_distributed"):
-        entrypoint_argv("model_def:OneVarTrial", tmp_path, slots_per_trial=2)
+    # more slots: torch_distributed around the harness, one per slot (as Determined)
+    multi = entrypoint_argv("model_def:OneVarTrial", tmp_path, slots_per_trial=2)
+    assert multi[-5:] == [
+        sys.executable, "-m", "det_local.launch.torch_distributed", "--trial",
+        "model_def:OneVarTrial",
+    ]  # fmt: skip
     # a dotted module is a package path; model_def/__init__.py counts as model_def
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "trials.py").write_text("")
