@@ -199,6 +199,93 @@ class Env:
         cfg = {"hyperparameters": hparams, **(config or {})}
         return self.context(TRAINER.read_text(), cfg, name=name, files=files)
 
+    # ------------------------------------------------------------------ daemon & job queue
+    def daemon_start(self, settings: dict[str, Any] | None = None, **env: str | None) -> int:
+        """`det-local daemon start` with these environment changes (None unsets) and
+        daemon.yaml settings; returns its pid. The `dl` fixture stops it, and every process
+        of this home, at teardown."""
+        self.setenv(**env)
+        if settings is not None:
+            self.settings(settings)
+        r = self.det("daemon", "start")
+        assert r.rc == 0, r
+        pid = int(r.out.split()[2])
+        assert pid == self.daemon_pid(), (r, self.daemon_pid())
+        return pid
+
+    def setenv(self, **env: str | None) -> None:
+        for key, value in env.items():
+            if value is None:
+                self.env.pop(key, None)
+            else:
+                self.env[key] = str(value)
+
+    def settings(self, settings: dict[str, Any]) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.paths.settings.write_text(yaml.safe_dump(settings))
+
+    def daemon_pid(self) -> int | None:
+        """The pid in the daemon's pid file (None without one)."""
+        try:
+            return int(json.loads(self.paths.pid_file.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def kill_daemon(self) -> int:
+        """kill -9 the daemon; returns its pid once it is gone."""
+        pid = self.daemon_pid()
+        assert pid is not None and not gone(pid), "no daemon to kill"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: gone(pid), what=f"daemon {pid} to die")
+        return pid
+
+    def jobs(self) -> list[Any]:
+        """Every job, ended ones included, in id order."""
+        with _closing(self.store()) as s:
+            return sorted(s.jobs.list(include_done=True), key=lambda j: j.id)
+
+    def job(self, job_id: int) -> Any:
+        with _closing(self.store()) as s:
+            return s.jobs.get(job_id)
+
+    def job_pid(self, job_id: int) -> int:
+        """The pid of a running job's process (recorded just after its spawn: wait for it)."""
+        return int(wait_for(lambda: self.job(job_id).pid, what=f"job {job_id}'s pid"))
+
+    def wait_job(self, job_id: int, state: str = "DONE", timeout: float = 30.0) -> Any:
+        return wait_for(
+            lambda: (j := self.job(job_id)).state == state and j,
+            timeout=timeout,
+            what=f"job {job_id} to be {state}",
+        )
+
+    def cmd(self, *argv: Any, slots: int = 1, priority: int = 42, name: str | None = None) -> int:
+        """`det-local cmd run` of argv; returns the job id."""
+        opts: list[Any] = ["--slots", slots, "--priority", priority]
+        if name is not None:
+            opts += ["--name", name]
+        r = self.det("cmd", "run", *opts, "--", *argv)
+        assert r.rc == 0 and r.out.startswith("Queued command "), r
+        return int(r.out.split()[2])
+
+    def held(self, name: str, extra: str = "") -> list[str]:
+        """A command that appends NAME to the file `order` when it starts, runs EXTRA, then
+        waits (polling inside the job) until the test creates gate-NAME (`release`)."""
+        gate = self.tmp / f"gate-{name}"
+        script = (
+            f"echo {name} >> {self.tmp / 'order'}; {extra}"
+            f"while [ ! -e {gate} ]; do sleep 0.02; done"
+        )
+        return ["sh", "-c", script]
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            (self.tmp / f"gate-{name}").touch()
+
+    def order(self) -> list[str]:
+        path = self.tmp / "order"
+        return path.read_text().split() if path.exists() else []
+
     def records(self) -> list[dict[str, Any]]:
         """The JSON lines trainer.py wrote to `self.record_path`, one per run start."""
         path = self.record_path
@@ -288,6 +375,7 @@ def dl(det_home: Path, tmp_path: Path) -> Iterator[Env]:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
+    kill_home_processes(det_home)
     for pidfile in tmp_path.rglob("*.pid"):
         try:
             pid = int(pidfile.read_text().split()[0])
@@ -305,3 +393,38 @@ def _is_descendant_trial(pid: int, tmp_path: Path) -> bool:
         )
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def kill_home_processes(home: Path) -> list[int]:
+    """SIGKILL the daemon of `home` and every process whose environment names it as
+    DET_LOCAL_HOME (jobs, trials, the daemon's children), except this process and its
+    ancestors; returns their pids. Job process groups go as a whole."""
+    me = psutil.Process()
+    spared = {me.pid, *(p.pid for p in me.parents())}
+    victims: list[int] = []
+    pidfile = Paths(home).pid_file
+    try:
+        victims.append(int(json.loads(pidfile.read_text())["pid"]))
+    except (OSError, ValueError, KeyError):
+        pass
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in spared or proc.pid in victims:
+            continue
+        try:
+            if proc.environ().get("DET_LOCAL_HOME") == str(home):
+                victims.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    victims = [p for p in victims if p not in spared]
+    for pid in victims:
+        for kill in (os.killpg, os.kill):
+            try:
+                if kill is os.killpg and pid == os.getpgid(0):
+                    continue
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in victims) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return victims
