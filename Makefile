@@ -12,3 +12,8 @@ bench:
 	python bench/metrics_rate.py
 	python bench/trainer_overhead.py
 	python bench/checkpoint_io.py
+	python bench/queue_throughput.py
+	python bench/preemption.py
+	python bench/daemon_footprint.py
+	python bench/launch_overhead.py
+	python bench/asha_sim.py
