@@ -68,6 +68,8 @@ if mode == "segv" and rank == 1:
 if mode in ("segv", "sleep"):
     time.sleep(600)
 ctx.close()
+dist.barrier()  # leave together: gloo aborts a rank whose peer tore down first
+dist.destroy_process_group()
 """
 
 

@@ -145,10 +145,13 @@ def init(
     with the trial seed, the experiment config, steps completed and (when ``hparams`` is None)
     the trial's hyperparameters come from det-local. Off-cluster the arguments are used as given;
     ``checkpoint_storage`` (a det-local addition) is where core.init() keeps checkpoints then."""
+    import torch.distributed as dist
+
     from det_local.trial import core
 
     info = get_cluster_info()
     local = info is None or info.task_type != "TRIAL"
+    had_group = dist.is_available() and dist.is_initialized()
     if local:
         trial_seed: int | None = None
         steps_completed = 0
@@ -191,6 +194,13 @@ def init(
         finally:
             if context._tbd_writer is not None:
                 context._tbd_writer.close()
+            if not had_group and dist.is_available() and dist.is_initialized():
+                # the process group init() made goes with it: a rank exiting with a live gloo
+                # group can abort at interpreter exit when its peers tear down first
+                try:
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
 
 
 # ---------------------------------------------------------------------------- Trainer
