@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tried again after
 
 
+SPOOL_SWEEP_S = 1.0
+
+
 class PermissionDenied(DetLocalError):
     pass
 
@@ -65,6 +68,15 @@ class RequestsMixin:
         self.process_spool()
         spool.prune_responses(self.paths)
         self._tasks.append(asyncio.ensure_future(self._watch_spool()))
+        self._tasks.append(asyncio.ensure_future(self._sweep_spool()))
+
+    async def _sweep_spool(self: Engine) -> None:
+        """A bounded safety tick: a request written before the watcher was watching (at start)
+        would otherwise wait for the next filesystem event. One directory listing a second."""
+        while not self._watch_stop.is_set():
+            await asyncio.sleep(SPOOL_SWEEP_S)
+            if spool.pending(self.paths):
+                self.process_spool()
 
     async def _watch_spool(self: Engine) -> None:
         import watchfiles
