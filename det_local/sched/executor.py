@@ -141,13 +141,31 @@ def _pidfd(pid: int) -> int | None:
 
 
 def start_time(pid: int) -> float | None:
-    """The process's start time (psutil's create_time), to tell it from a reused pid."""
-    import psutil
-
+    """The process's start time (boot time + /proc/PID/stat's starttime, as psutil's
+    create_time computes it), to tell it from a reused pid. Read from /proc directly: this runs
+    at every spawn, and importing psutil costs more than the read."""
     try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
         return None
+
+
+_BOOT: list[float] = []
+
+
+def _boot_time() -> float:
+    if not _BOOT:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    _BOOT.append(float(line.split()[1]))
+                    break
+            else:
+                _BOOT.append(0.0)
+    return _BOOT[0]
 
 
 def is_same_process(pid: int, started: float | None) -> bool:

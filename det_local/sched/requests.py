@@ -28,6 +28,7 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 
 
 SPOOL_SWEEP_S = 1.0
+WATCH_DELAY_EMBEDDED_S = 0.3
 
 
 class PermissionDenied(DetLocalError):
@@ -67,8 +68,15 @@ class RequestsMixin:
     def _start_spool(self: Engine) -> None:
         self.process_spool()
         spool.prune_responses(self.paths)
-        self._tasks.append(asyncio.ensure_future(self._watch_spool()))
+        # an embedded run starts watching a moment later: importing the watcher costs ~70 ms,
+        # which a short run need not pay (the sweep covers that moment)
+        watch = self._watch_spool() if self.daemon else self._watch_spool_later()
+        self._tasks.append(asyncio.ensure_future(watch))
         self._tasks.append(asyncio.ensure_future(self._sweep_spool()))
+
+    async def _watch_spool_later(self: Engine) -> None:
+        await asyncio.sleep(WATCH_DELAY_EMBEDDED_S)
+        await self._watch_spool()
 
     async def _sweep_spool(self: Engine) -> None:
         """A bounded safety tick: a request written before the watcher was watching (at start)

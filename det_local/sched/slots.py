@@ -211,6 +211,15 @@ def _nvml_errors(nv: Any) -> tuple[type[BaseException], ...]:
 
 def _nvml_inventory() -> tuple[list[Slot], str]:
     """The GPUs NVML reports, and a note for people; ([], why) when NVML cannot be used."""
+    import glob
+    import sys
+
+    if (
+        "pynvml" not in sys.modules
+        and not os.path.exists("/proc/driver/nvidia")
+        and not glob.glob("/dev/nvidia[0-9]*")
+    ):  # no NVIDIA driver: skip loading NVML (it costs ~15 ms at every start)
+        return [], "no NVIDIA driver found (/proc/driver/nvidia)"
     try:
         import pynvml as nv
     except ImportError as err:  # nvidia-ml-py is a dependency, but be kind to odd installs

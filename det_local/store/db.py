@@ -153,6 +153,9 @@ class Store:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
             )
+            columns = {r[1] for r in self.conn.execute("PRAGMA table_info(experiments)")}
+            if "priority" not in columns:  # a database from before the column
+                self.conn.execute("ALTER TABLE experiments ADD COLUMN priority INTEGER")
             self.jobs = JobTable(self.conn, readonly=False)
 
     def close(self) -> None:
