@@ -10,60 +10,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from det_local.search.actions import Action, Close, SearchState, ValidateAfter
+from det_local.search.actions import Action, Create, SearchState
 from det_local.search.base import INVALID_HP, NewTrial
+from det_local.search.one_op import OneOperationSearch
 
 
-class RandomSearch:
+class RandomSearch(OneOperationSearch):
     kind = "random"
 
     def __init__(
         self, max_trials: int, max_concurrent_trials: int = 16, max_length: int | None = None
     ) -> None:
+        super().__init__(max_concurrent_trials, max_length)
         self.max_trials = max_trials
-        self.max_concurrent_trials = max_concurrent_trials
-        self.max_length = max_length
         self.created = 0
-        self.pending = 0
-        self.trials: set[str] = set()
 
-    def _create(self, new_trial: NewTrial) -> list[Action]:
-        create = new_trial()
+    def remaining(self) -> int:
+        return self.max_trials - self.created
+
+    def _total(self) -> int:
+        return self.max_trials
+
+    def _new(self, new_trial: NewTrial) -> Create:
         self.created += 1
-        self.pending += 1
-        self.trials.add(create.request_id)
-        actions: list[Action] = [create]
-        if self.max_length is not None:
-            actions.append(ValidateAfter(create.request_id, self.max_length))
-        actions.append(Close(create.request_id))
-        return actions
-
-    def initial_actions(self, new_trial: NewTrial) -> list[Action]:
-        n = self.max_trials
-        if self.max_concurrent_trials > 0:
-            n = min(n, self.max_concurrent_trials)
-        actions: list[Action] = []
-        for _ in range(n):
-            actions.extend(self._create(new_trial))
-        return actions
-
-    def on_validation(
-        self, request_id: str, metrics: dict[str, Any], new_trial: NewTrial
-    ) -> list[Action]:
-        return []
-
-    def on_op_completed(
-        self, request_id: str, length: int, metric: float, new_trial: NewTrial
-    ) -> list[Action]:
-        return []
-
-    def on_trial_exited(self, request_id: str, new_trial: NewTrial) -> list[Action]:
-        if request_id not in self.trials:
-            return []
-        self.pending -= 1
-        if self.created < self.max_trials:
-            return self._create(new_trial)
-        return []
+        return new_trial()
 
     def on_trial_exited_early(
         self, request_id: str, reason: str, new_trial: NewTrial
@@ -80,9 +50,6 @@ class RandomSearch:
         done = len(state.completed) + len(state.failed)
         running = sum(state.trial_progress.values())
         return min((done + running) / self.max_trials, 1.0)
-
-    def rung_of(self, request_id: str) -> int | None:
-        return None
 
     def snapshot(self) -> dict[str, Any]:
         return {
