@@ -234,14 +234,6 @@ def signal_group(pid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def terminate_group(pid: int) -> None:
     signal_group(pid, signal.SIGTERM)
 

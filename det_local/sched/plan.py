@@ -42,10 +42,6 @@ class LaunchPlan:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def env_delta(self) -> dict[str, str]:
-        """The variables det-local sets (what `config check` shows), without the inherited ones."""
-        return {k: v for k, v in self.env.items() if os.environ.get(k) != v}
-
 
 HARNESS_MODULE = "det_local.trial.harness"
 
