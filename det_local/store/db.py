@@ -17,9 +17,14 @@ from typing import Any
 from det_local.errors import NotFoundError
 from det_local.store.jobs import JobTable
 from det_local.store.records import CheckpointRecord, ExperimentRecord, MetricRecord, TrialRecord
-from det_local.store.states import State, check_transition
+from det_local.store.states import TERMINAL, State, check_transition
 
 SCHEMA_VERSION = 1
+
+# experiments.checkpoint_gc: NULL until the experiment's checkpoint GC has run (an ended
+# experiment with NULL has a GC due, or one a crash interrupted), then one of these.
+GC_DONE = "done"
+GC_SKIPPED = "skipped"  # test mode, or the experiment ended before det-local had checkpoint GC
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -37,7 +42,8 @@ CREATE TABLE IF NOT EXISTS experiments (
     message TEXT,
     config TEXT NOT NULL,
     searcher_state TEXT,
-    priority INTEGER
+    priority INTEGER,
+    checkpoint_gc TEXT
 );
 CREATE TABLE IF NOT EXISTS trials (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -156,7 +162,21 @@ class Store:
             columns = {r[1] for r in self.conn.execute("PRAGMA table_info(experiments)")}
             if "priority" not in columns:  # a database from before the column
                 self.conn.execute("ALTER TABLE experiments ADD COLUMN priority INTEGER")
+            if "checkpoint_gc" not in columns:  # a database from before checkpoint GC
+                self._add_checkpoint_gc_column()
             self.jobs = JobTable(self.conn, readonly=False)
+
+    def _add_checkpoint_gc_column(self) -> None:
+        with self.transaction():  # checked again under the write lock: one migration only
+            columns = {r[1] for r in self.conn.execute("PRAGMA table_info(experiments)")}
+            if "checkpoint_gc" in columns:
+                return
+            self.conn.execute("ALTER TABLE experiments ADD COLUMN checkpoint_gc TEXT")
+            # experiments that ended before det-local had checkpoint GC keep their checkpoints
+            self.conn.execute(
+                "UPDATE experiments SET checkpoint_gc=? WHERE state IN (?, ?, ?)",
+                (GC_SKIPPED, *(s.value for s in TERMINAL)),
+            )
 
     def close(self) -> None:
         self.conn.close()
@@ -395,6 +415,47 @@ class Store:
     def mark_checkpoint_deleted(self, uuid: str) -> None:
         self._write("UPDATE checkpoints SET state='DELETED' WHERE uuid=?", (uuid,))
 
+    def mark_checkpoints_deleted(self, uuids: Iterable[str]) -> None:
+        """Mark these checkpoints DELETED, all in one commit (before their files go)."""
+        with self.transaction():
+            self.conn.executemany(
+                "UPDATE checkpoints SET state='DELETED' WHERE uuid=?", [(u,) for u in uuids]
+            )
+
+    def warm_start_checkpoints(self) -> set[str]:
+        """Every checkpoint a trial (of any experiment) was warm-started from."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT warm_start_checkpoint FROM trials"
+            " WHERE warm_start_checkpoint IS NOT NULL"
+        )
+        return {str(r[0]) for r in rows}
+
+    # ------------------------------------------------------------------ checkpoint GC
+    def checkpoint_gc_due(self, experiment_id: int) -> bool:
+        """The experiment has ended and its checkpoint GC has not run (or did not finish)."""
+        row = self.conn.execute(
+            "SELECT state, checkpoint_gc FROM experiments WHERE id=?", (experiment_id,)
+        ).fetchone()
+        return row is not None and State(row[0]).terminal and row[1] is None
+
+    def checkpoint_gc_pending(self) -> list[int]:
+        """Ended experiments whose checkpoint GC is due (e.g. interrupted by a crash)."""
+        rows = self.conn.execute(
+            "SELECT id FROM experiments WHERE checkpoint_gc IS NULL AND state IN (?, ?, ?)"
+            " ORDER BY id",
+            tuple(s.value for s in TERMINAL),
+        )
+        return [int(r[0]) for r in rows]
+
+    def get_checkpoint_gc(self, experiment_id: int) -> str | None:
+        row = self.conn.execute(
+            "SELECT checkpoint_gc FROM experiments WHERE id=?", (experiment_id,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def set_checkpoint_gc(self, experiment_id: int, status: str) -> None:
+        self._write("UPDATE experiments SET checkpoint_gc=? WHERE id=?", (status, experiment_id))
+
     @staticmethod
     def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
         return CheckpointRecord(
@@ -472,6 +533,17 @@ class Store:
             MetricRecord(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]))
             for r in self.conn.execute(sql, args)
         ]
+
+    def list_validations(self, experiment_id: int) -> list[tuple[int, int, int, dict[str, Any]]]:
+        """(row id, trial id, steps_completed, metrics) of every validation report of the
+        experiment's trials, in the order they were recorded."""
+        rows = self.conn.execute(
+            "SELECT m.id, m.trial_id, m.steps_completed, m.metrics FROM metrics m"
+            " JOIN trials t ON t.id = m.trial_id"
+            " WHERE t.experiment_id=? AND m.grp='validation' ORDER BY m.id",
+            (experiment_id,),
+        )
+        return [(int(r[0]), int(r[1]), int(r[2]), json.loads(r[3])) for r in rows]
 
     def count_metrics(self, trial_id: int, group: str | None = None) -> int:
         if group is None:

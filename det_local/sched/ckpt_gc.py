@@ -1,0 +1,307 @@
+"""Checkpoint garbage collection when an experiment ends (Determined's rule).
+
+When an experiment reaches COMPLETED, CANCELED or ERROR, det-local keeps the union of
+
+* the experiment's best ``save_experiment_best`` checkpoints,
+* each trial's best ``save_trial_best`` checkpoints,
+* each trial's latest ``save_trial_latest`` checkpoints (by ``steps_completed``),
+
+and deletes the files of every other checkpoint of the experiment, whose record stays, in state
+DELETED (its metrics stay too). The three numbers come from the experiment's
+``checkpoint_storage`` (defaults 0, 1, 1).
+
+"Best" is by the searcher metric (``smaller_is_better``) of the trial's validation reported at
+the checkpoint's ``steps_completed``, as Determined pairs a checkpoint with the validation at the
+same total batches. A checkpoint with no such validation (or one without the searcher metric)
+cannot be best: it is kept only as one of its trial's latest. The rest follows Determined's SQL
+(``ExperimentCheckpointsToGCRaw``):
+
+* ranks are SQL ``rank()``: equal keys share a rank; metric ties are broken by the order in which
+  the validations were recorded (earlier ranks first); two checkpoints paired with the same
+  validation tie; checkpoints at the same steps_completed tie as latest;
+* NaN ranks after every number (as PostgreSQL sorts it);
+* every recorded checkpoint takes part in the ranking, DELETED ones included (so a rerun selects
+  the same set);
+* a checkpoint any trial was warm-started from (of any experiment) is never deleted.
+
+One deliberate difference: Determined partitions the latest-ranking by the *validation's* trial,
+so checkpoints without a validation compete across trials for ``save_trial_latest``; det-local
+ranks each checkpoint among its own trial's checkpoints, as the setting is documented.
+
+Not collected: experiments run in test mode (`det-local run --test`, whose report points at its
+checkpoint; Determined would delete it, its ``save_*`` being 0), PAUSED or ACTIVE experiments,
+and experiments that ended before det-local had checkpoint GC.
+
+Crash safety: the experiment's end is committed first; then the doomed checkpoints are marked
+DELETED in one commit; then their directories are removed; then the experiment is marked as
+collected. An experiment that ended but is not marked collected is collected again when the
+engine starts, and that pass removes the directory of every DELETED checkpoint of the
+experiment that is still on disk, so an interrupted GC finishes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import uuid as uuidlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from det_local.store.db import GC_DONE, GC_SKIPPED, Store
+
+if TYPE_CHECKING:
+    from det_local.sched.engine import Engine
+
+
+# ---------------------------------------------------------------------------- the rule (pure)
+@dataclass(frozen=True)
+class GcPolicy:
+    save_experiment_best: int = 0
+    save_trial_best: int = 1
+    save_trial_latest: int = 1
+    smaller_is_better: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> GcPolicy:
+        """From a stored experiment config (Determined's defaults for what is unset)."""
+        storage = config.get("checkpoint_storage") or {}
+        searcher = config.get("searcher") or {}
+
+        def count(name: str, default: int) -> int:
+            value = storage.get(name)
+            return default if value is None else int(value)
+
+        sib = searcher.get("smaller_is_better")
+        return cls(
+            save_experiment_best=count("save_experiment_best", 0),
+            save_trial_best=count("save_trial_best", 1),
+            save_trial_latest=count("save_trial_latest", 1),
+            smaller_is_better=True if sib is None else bool(sib),
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint as the rule sees it."""
+
+    uuid: str
+    trial_id: int
+    steps_completed: int
+    metric: float | None = None  # the searcher metric of its validation; None: no validation
+    validation_id: int = 0  # that validation's order of recording (ties among equal metrics)
+
+
+def _metric_key(c: Candidate, sign: float) -> tuple[int, float, int]:
+    """Sort key of `ORDER BY sign * metric ASC NULLS LAST, v.id ASC` (NaN after numbers)."""
+    if c.metric is None:
+        return (2, 0.0, 0)
+    if math.isnan(c.metric):
+        return (1, 0.0, c.validation_id)
+    return (0, sign * c.metric, c.validation_id)
+
+
+def _ranks(keys: Sequence[Any]) -> list[int]:
+    """SQL rank(): 1 + how many keys sort strictly before (equal keys share a rank)."""
+    ordered = sorted(keys)
+    first: dict[Any, int] = {}
+    for i, k in enumerate(ordered):
+        first.setdefault(k, i + 1)
+    return [first[k] for k in keys]
+
+
+def select_for_deletion(
+    candidates: Iterable[Candidate], policy: GcPolicy, protected: Iterable[str] = ()
+) -> list[str]:
+    """The uuids Determined's rule deletes, in the order given. `protected` uuids (warm-start
+    sources, checkpoints a trial may still resume from) are never selected."""
+    cands = list(candidates)
+    sign = 1.0 if policy.smaller_is_better else -1.0
+    keys = [_metric_key(c, sign) for c in cands]
+    exp_rank = _ranks(keys)
+    trial_rank = [0] * len(cands)
+    latest_rank = [0] * len(cands)
+    by_trial: dict[int, list[int]] = {}
+    for i, c in enumerate(cands):
+        by_trial.setdefault(c.trial_id, []).append(i)
+    for members in by_trial.values():
+        for i, r in zip(members, _ranks([keys[i] for i in members]), strict=True):
+            trial_rank[i] = r
+        for i, r in zip(members, _ranks([-cands[i].steps_completed for i in members]), strict=True):
+            latest_rank[i] = r
+    keep = set(protected)
+    doomed = []
+    for i, c in enumerate(cands):
+        not_best = (
+            exp_rank[i] > policy.save_experiment_best and trial_rank[i] > policy.save_trial_best
+        )
+        if (
+            (not_best or c.metric is None)
+            and latest_rank[i] > policy.save_trial_latest
+            and c.uuid not in keep
+        ):
+            doomed.append(c.uuid)
+    return doomed
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def candidates_of(store: Store, experiment_id: int, metric: str | None) -> list[Candidate]:
+    """Every checkpoint of the experiment (DELETED ones too), each with the searcher metric of
+    its trial's validation at the same steps_completed (the last one recorded there, should a
+    restart have validated a step twice)."""
+    validation: dict[tuple[int, int], tuple[int, float | None]] = {}
+    for row_id, trial_id, steps, metrics in store.list_validations(experiment_id):
+        value = _number(metrics.get(metric)) if metric is not None else None
+        validation[(trial_id, steps)] = (row_id, value)
+    out = []
+    for c in store.list_checkpoints(experiment_id=experiment_id):
+        row_id, value = validation.get((c.trial_id, c.steps_completed), (0, None))
+        out.append(Candidate(c.uuid, c.trial_id, c.steps_completed, value, row_id))
+    return out
+
+
+# ---------------------------------------------------------------------------- applying it
+@dataclass
+class GcResult:
+    deleted: list[str]  # marked DELETED by this pass
+    removed: list[str]  # directories removed from disk (this pass's and interrupted ones')
+    failed: list[str]  # "uuid: why" for directories that could not be removed
+    kept: int  # checkpoints left COMPLETED
+
+
+def _checkpoint_dir(uuid: str, recorded: str) -> Path | None:
+    """The directory to remove: the recorded path, only when it is absolute and named by the
+    checkpoint's own (well-formed) uuid, so that a malformed record cannot aim GC elsewhere."""
+    try:
+        if str(uuidlib.UUID(uuid)) != uuid:
+            return None
+    except ValueError:
+        return None
+    path = Path(recorded)
+    if not path.is_absolute() or path.name != uuid or ".." in path.parts:
+        return None
+    return path
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def collect(
+    store: Store,
+    experiment_id: int,
+    *,
+    identity: dict[str, Any] | None = None,
+    protected: Iterable[str] = (),
+) -> GcResult:
+    """Apply the rule to an ended experiment: mark, then remove files (see the module doc).
+    Idempotent: running it again after a crash finishes what was started. Marks the experiment
+    collected at the end. `identity` (uid/gid/groups): remove files with that user's rights."""
+    from det_local.sched import executor
+
+    rec = store.get_experiment(experiment_id)
+    assert rec.state.terminal, f"experiment {experiment_id} is {rec.state.value}"
+    policy = GcPolicy.from_config(rec.config)
+    metric = (rec.config.get("searcher") or {}).get("metric")
+    cands = candidates_of(store, experiment_id, metric)
+    keep = set(protected) | store.warm_start_checkpoints()
+    for t in store.list_trials(experiment_id):  # none, once the experiment ended; to be sure
+        if not t.state.terminal and t.latest_checkpoint:
+            keep.add(t.latest_checkpoint)
+    doomed = select_for_deletion(cands, policy, keep)
+    states = {c.uuid: c.state for c in store.list_checkpoints(experiment_id=experiment_id)}
+    newly = [u for u in doomed if states.get(u) != "DELETED"]
+    if newly:
+        store.mark_checkpoints_deleted(newly)  # committed before any file goes
+    removed: list[str] = []
+    failed: list[str] = []
+    with executor.acting_as(**(identity or {})):
+        for c in store.list_checkpoints(experiment_id=experiment_id):
+            if c.state != "DELETED":
+                continue
+            path = _checkpoint_dir(c.uuid, c.path)
+            if path is None:
+                if os.path.lexists(c.path):
+                    failed.append(f"{c.uuid}: its recorded path {c.path!r} is not <storage>/<uuid>")
+                continue
+            if not os.path.lexists(path):
+                continue
+            try:
+                _remove(path)
+                removed.append(c.uuid)
+            except OSError as err:
+                failed.append(f"{c.uuid}: {path}: {err.strerror or err}")
+    store.set_checkpoint_gc(experiment_id, GC_DONE)
+    kept = sum(
+        1 for c in store.list_checkpoints(experiment_id=experiment_id) if c.state != "DELETED"
+    )
+    return GcResult(newly, removed, failed, kept)
+
+
+# ---------------------------------------------------------------------------- engine hooks
+def collect_if_ended(engine: Engine, experiment_id: int) -> None:
+    """The engine's hook, called whenever an experiment may have ended: collects it once.
+
+    Inside an open transaction (a spool request being applied) the marks could still roll
+    back, so GC waits for the commit (the next loop iteration); should the engine stop first,
+    the start of the next engine does it."""
+    store = engine.store
+    if not store.checkpoint_gc_due(experiment_id):
+        return
+    if store.conn.in_transaction:
+        if engine.loop is not None:
+            engine.loop.call_soon(collect_if_ended, engine, experiment_id)
+        return
+    _collect_logged(engine, experiment_id)
+
+
+def collect_pending(engine: Engine) -> None:
+    """At engine start: every ended experiment whose GC has not run or was interrupted."""
+    for experiment_id in engine.store.checkpoint_gc_pending():
+        _collect_logged(engine, experiment_id)
+
+
+def _collect_logged(engine: Engine, experiment_id: int) -> None:
+    from det_local.sched.queue import _identity, _uid_of
+
+    store = engine.store
+    try:
+        rec = store.get_experiment(experiment_id)
+        snapshot = store.get_searcher_state(experiment_id) or {}
+        live = engine.experiments.get(experiment_id)
+        if snapshot.get("test_mode") or (live is not None and live.test_mode):
+            store.set_checkpoint_gc(experiment_id, GC_SKIPPED)
+            return
+        uid = engine.user_ids.get(experiment_id, _uid_of(rec.user))
+        result = collect(store, experiment_id, identity=_identity(uid))
+    except Exception as err:  # GC must never take the engine down; the next start retries
+        engine._log_safely(
+            f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
+            "it is tried again when det-local next starts"
+        )
+        return
+    gone = len(set(result.deleted) | set(result.removed))
+    if gone:
+        engine.note(
+            f"experiment {experiment_id}: checkpoint GC deleted {gone} "
+            f"checkpoint{'s' if gone != 1 else ''}, kept {result.kept} "
+            "(checkpoint_storage save_experiment_best/save_trial_best/save_trial_latest)",
+            experiment_id=experiment_id,
+        )
+    for failure in result.failed:
+        engine.note(
+            f"experiment {experiment_id}: checkpoint GC could not remove checkpoint {failure}; "
+            "remove it by hand",
+            experiment_id=experiment_id,
+            level="WARNING",
+        )
