@@ -1,4 +1,5 @@
-"""What `config check` shows: the filled-in config and the plan for the first trial's launch."""
+"""What `config check` shows: the filled-in config, the search plan (how many trials the
+searcher creates: ASHA brackets and rungs, grid axes) and the first trial's launch plan."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from det_local.store.paths import Paths
 
 def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     from det_local.config import load_config
-    from det_local.search import make_searcher
+    from det_local.search import make_searcher, plan
     from det_local.search.actions import Create
 
     cfg = load_config(config_path)
@@ -53,10 +54,16 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         extra=config_env_vars(config),
     )
     delta = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    search = plan(cfg)
     return {
         "config": config,
         "plan": {
-            "trials": len(creates) if cfg.searcher.name != "single" else 1,
+            # how many trials the search creates in all (grid size, max_trials); `search` has
+            # the searcher's plan (ASHA brackets and rungs, grid axes), `initial_trials` how
+            # many it creates at once at the start (slots permitting, they start together)
+            "trials": search["trials"],
+            "initial_trials": len(creates),
+            "search": search,
             "slots_per_trial": cfg.resources.slots_per_trial,
             "argv": argv,
             "cwd": "<snapshot of " + str(context) + ">",

@@ -65,15 +65,20 @@ def brackets(cfg: Any) -> list[Bracket]:
 
 def plan(cfg: Any) -> dict[str, Any]:
     """What the searcher will do, for `config check` / describe (Determined's preview-search):
-    for ASHA the generation, the time metric and each bracket with its rung lengths."""
+    `trials`, how many trials it creates at most (InvalidHP replacements aside) and
+    `max_concurrent_trials`; for ASHA the generation, the time metric and each bracket with its
+    trials and rung lengths; for grid its axes (dotted name, number of values)."""
     s = cfg.searcher
     out: dict[str, Any] = {"name": s.name, "metric": s.metric}
+    out["smaller_is_better"] = s.smaller_is_better
+    mct = s.max_concurrent_trials if s.max_concurrent_trials is not None else 16
     if s.is_asha:
         budget = s.asha_budget()
         assert budget is not None
         divisor = float(s.divisor if s.divisor is not None else 4.0)
         out["generation"] = asha_generation(cfg)
         out["time_metric"], out["max_time"] = budget
+        out["divisor"] = divisor
         out["brackets"] = [
             {
                 "num_rungs": b.num_rungs,
@@ -83,12 +88,25 @@ def plan(cfg: Any) -> dict[str, Any]:
             }
             for b in brackets(cfg)
         ]
+        out["trials"] = sum(b["max_trials"] for b in out["brackets"])
     elif s.name == "grid":
-        out["trials"] = GridSearch(cfg.hyperparameters).size
+        from det_local.search.hparams_grid import grid_axes, grid_size
+
+        axes = grid_axes(cfg.hyperparameters)
+        out["trials"] = grid_size(axes)
+        out["grid"] = [
+            {"name": ".".join(route), "values": len(values)}
+            for route, values in axes
+            if len(values) > 1
+        ]
     elif s.name == "random":
         out["trials"] = s.max_trials
     else:
         out["trials"] = 1
+        mct = 1
+    out["max_concurrent_trials"] = mct  # 0: no limit
+    if not s.is_asha and s.max_length is not None:
+        out["max_length"] = s.max_length.to_dict()
     return out
 
 
