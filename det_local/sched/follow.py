@@ -1,4 +1,14 @@
-"""Following an experiment: its trials' output as it is written, then a summary."""
+"""Following an experiment: its trials' output as it is written, then a summary.
+
+For a search (a searcher other than single, or more than one trial) the follower also prints a
+compact progress line whenever the search's state changes (a trial starts, ends, is stopped by
+the searcher, or a new best validation arrives), not on every poll:
+
+    [search] 2 running, 9 queued, 1 completed, 4 stopped of 16; best loss 0.1167 (trial 3)
+
+It is written between whole lines of trial output (trial output is only ever written up to its
+last newline), so the two never share a line.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +34,33 @@ class Follower:
         self.offsets: dict[int, int] = {}
         self.partial: dict[int, bytes] = {}
         self._stop = False
+        self._search: SearchProgress | None = None
+        self._search_checked = False
 
     def stop(self) -> None:
         self._stop = True
 
     def pump(self) -> None:
         trials = self.store.list_trials(self.experiment_id)
+        self._pump_logs(trials)
+        self._pump_progress(trials)
+
+    def _pump_progress(self, trials: list[Any]) -> None:
+        if self.out is None:
+            return
+        if self._search is None:
+            if self._search_checked and len(trials) <= 1:
+                return
+            self._search_checked = True
+            self._search = SearchProgress.for_experiment(self.store, self.experiment_id, trials)
+            if self._search is None:
+                return
+        line = self._search.update(trials)
+        if line is not None:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def _pump_logs(self, trials: list[Any]) -> None:
         many = len(trials) > 1
         for t in trials:
             path = self.paths.trial_log(self.experiment_id, t.id)
@@ -76,6 +107,127 @@ class Follower:
                 if rest:
                     self.out.write(rest.decode("utf-8", "replace") + "\n")
             self.out.flush()
+
+
+class SearchProgress:
+    """The one-line state of a search: trials running, queued, paused, completed, stopped early
+    by the searcher, failed; the number the searcher will create; the best validation so far.
+    `update` returns a line only when that line changed."""
+
+    def __init__(self, store: Store, search: dict[str, Any]) -> None:
+        self.store = store
+        self.search = search  # det_local.search.plan() of the experiment's config
+        self.metric = search.get("metric")
+        self.smaller = bool(search.get("smaller_is_better", True))
+        self.total: int | None = search.get("trials")
+        self.ended: dict[int, str] = {}  # trial id -> how it ended (never changes again)
+        self.signature: tuple[Any, ...] | None = None
+        self.recheck = False
+        self.last: str | None = None
+
+    @classmethod
+    def for_experiment(
+        cls, store: Store, experiment_id: int, trials: list[Any]
+    ) -> SearchProgress | None:
+        """A SearchProgress when the experiment is a search, else None."""
+        config = store.get_experiment(experiment_id).config or {}
+        searcher = config.get("searcher") or {}
+        if searcher.get("name", "single") == "single" and len(trials) <= 1:
+            return None
+        try:
+            from det_local.config import parse_config
+            from det_local.search import plan
+
+            search = plan(parse_config(config, source=f"experiment {experiment_id}"))
+        except Exception:  # a config this version cannot plan: no total, no early stops
+            search = {
+                "metric": searcher.get("metric"),
+                "smaller_is_better": searcher.get("smaller_is_better", True),
+            }
+        return cls(store, search)
+
+    def _kind(self, trial: Any) -> str:
+        """running, queued, paused, completed, stopped, invalid, errored or canceled."""
+        state = trial.state
+        if state in (State.COMPLETED, State.ERROR, State.CANCELED):
+            kind = self.ended.get(trial.id)
+            if kind is None:
+                kind = {State.ERROR: "errored", State.CANCELED: "canceled"}.get(state)
+                kind = kind or self._how_completed(trial)
+                self.ended[trial.id] = kind
+            return kind
+        if state == State.PAUSED:
+            return "paused"
+        if state == State.ACTIVE:
+            job = self.store.jobs.for_trial(trial.id)
+            return "running" if job is not None and job.state == "SCHEDULED" else "queued"
+        return "running"  # STOPPING_*: its process is still there
+
+    def _how_completed(self, trial: Any) -> str:
+        """completed (trained its full length), stopped (early, by ASHA) or invalid."""
+        job = self.store.jobs.for_trial(trial.id)
+        why = job.message if job is not None else None
+        if why == "invalid_hp":
+            return "invalid"
+        search = self.search
+        if search.get("generation") == "stopping":
+            # 0.38 ASHA stops every trial it is done with, those at the top rung included: a
+            # stop is early when the trial's time metric had not reached max_time
+            if why != "stopped":
+                return "completed"
+            val = self.store.latest_metrics(trial.id, "validation")
+            time_metric = search.get("time_metric")
+            reached = val.metrics.get(time_metric) if val is not None else None
+            if isinstance(reached, int | float) and reached >= search["max_time"]:
+                return "completed"
+            return "stopped"
+        if (
+            # <=0.37: trials not continued end (or are closed) short of max_length, which
+            # counts in batches (or a bare number); records and epochs cannot be compared
+            search.get("generation") in ("promotion", "stop_once")
+            and search.get("time_metric") in ("batches", "unitless")
+            and trial.steps_completed < search["max_time"]
+        ):
+            return "stopped"
+        return "completed"
+
+    def update(self, trials: list[Any]) -> str | None:
+        # what the line depends on, but for the running/queued split: that changes with the
+        # trial's run id (a new run when a queued trial is given its slots)
+        # (another process's engine writes a trial's new run id and its job's SCHEDULED state
+        # one after the other: the poll after a change looks once more)
+        signature = tuple((t.id, t.state, t.run_id, t.best_validation) for t in trials)
+        if signature == self.signature:
+            if not self.recheck:
+                return None
+            self.recheck = False
+        else:
+            self.recheck = True
+        self.signature = signature
+        line = self.line(trials)
+        if line == self.last:
+            return None
+        self.last = line
+        return line
+
+    def line(self, trials: list[Any]) -> str:
+        counts: dict[str, int] = {}
+        for t in trials:
+            kind = self._kind(t)
+            counts[kind] = counts.get(kind, 0) + 1
+        parts = [f"{counts.get('running', 0)} running"]
+        for kind in ("queued", "paused", "completed", "stopped", "invalid", "errored", "canceled"):
+            if kind in ("completed", "stopped") or counts.get(kind):
+                parts.append(f"{counts.get(kind, 0)} {kind}")
+        text = "[search] " + ", ".join(parts)
+        if self.total is not None:
+            text += f" of {max(self.total, len(trials))}"
+        scored = [t for t in trials if t.best_validation is not None]
+        if scored:
+            sign = 1.0 if self.smaller else -1.0
+            best = min(scored, key=lambda t: (sign * t.best_validation, t.id))
+            text += f"; best {self.metric} {_fmt(best.best_validation)} (trial {best.id})"
+        return text
 
 
 def _fmt(value: Any) -> str:
