@@ -38,8 +38,8 @@ slot_utilization >= 0.9.
 
 Usage: python bench/asha_digits.py [--target 0.96] [--max-trials 16] [--max-time 600]
                                    [--seed 1] [--threads 1]
-About 2.5 minutes on 2 idle cores with the defaults (4.5 on a busy machine). The last line
-printed is one JSON object.
+About 4.5-5 minutes with the defaults on the 2-core development machine (ASHA ~110 s, random
+~160-180 s, while other work shared the machine). The last line printed is one JSON object.
 """
 
 from __future__ import annotations
