@@ -38,7 +38,7 @@ from torch import nn
 
 from det_local.errors import CheckpointError, DetLocalError
 from det_local.trial.pytorch._callback import PyTorchCallback
-from det_local.trial.pytorch._context import PyTorchTrialContext
+from det_local.trial.pytorch._context import PyTorchTrialContext, TrialContextBase
 
 logger = logging.getLogger("determined.pytorch")
 
@@ -210,11 +210,13 @@ def host_copy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
     return out
 
 
-def load_data_of(context: PyTorchTrialContext, trial: Any) -> dict[str, Any]:
+def load_data_of(
+    context: TrialContextBase, trial: Any, trial_type: str = "PyTorchTrial"
+) -> dict[str, Any]:
     """load_data.json: what load_trial_from_checkpoint_path needs to rebuild the trial."""
     spec, in_main = trial_cls_spec(type(trial))
     load_data: dict[str, Any] = {
-        "trial_type": "PyTorchTrial",
+        "trial_type": trial_type,
         "experiment_config": context._exp_conf,
         "hparams": context._hparams,
         "trial_cls_spec": spec,
@@ -274,6 +276,13 @@ def write(
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     write_code(ckpt_dir, exclude, root=code_root)
     torch_save(checkpoint, ckpt_dir / "state_dict.pth", fsync=fsync)
+    write_trial_files(ckpt_dir, trial_state=trial_state, load_data=load_data, fsync=fsync)
+
+
+def write_trial_files(
+    ckpt_dir: Path, *, trial_state: dict[str, Any], load_data: dict[str, Any], fsync: bool = False
+) -> None:
+    """trial_state.pkl and load_data.json (with `fsync`: on the disk, with the directory)."""
     with open(ckpt_dir / "trial_state.pkl", "wb") as f:
         pickle.dump(trial_state, f)
         if fsync:

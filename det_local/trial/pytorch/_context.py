@@ -55,7 +55,237 @@ class _DistributedDataParallel(nn.parallel.DistributedDataParallel):
             return getattr(self.module, name)
 
 
-class PyTorchTrialContext(ReducerContext):
+class TrialContextBase(ReducerContext):
+    """What the PyTorch and DeepSpeed trial contexts share: the trial's information, its
+    device, the training position, the stop request, TensorBoard and the profiler, reducers."""
+
+    def __init__(
+        self,
+        core_context: Any,
+        trial_seed: int | None,
+        hparams: dict[str, Any] | None,
+        slots_per_trial: int,
+        num_gpus: int,
+        exp_conf: dict[str, Any] | None,
+        steps_completed: int,
+        managed_training: bool,
+        debug_enabled: bool,
+        enable_tensorboard_logging: bool = True,
+    ) -> None:
+        self._core = core_context
+        self.distributed = core_context.distributed
+        ReducerContext.__init__(self, self.distributed.allgather)
+        self._hparams = hparams
+        self._exp_conf = exp_conf
+        self._trial_seed = trial_seed
+        self._steps_completed = steps_completed
+        self._num_gpus = num_gpus
+        self._debug_enabled = debug_enabled
+        self._managed_training = managed_training
+        self._per_slot_batch_size: int | None = None
+        self._global_batch_size: int | None = None
+        if hparams and hparams.get("global_batch_size") is not None:
+            self._per_slot_batch_size, self._global_batch_size = batch_sizes(
+                hparams, slots_per_trial
+            )
+        self.device = self._init_device()
+
+        self.models: list[Any] = []
+        self.profiler: Any = None
+        self._epoch_len: int | None = None
+        self._current_batch_idx: int | None = None
+        self._loss_ids: dict[Any, int] = {}
+        self._to_device_warned_types: set[type] = set()
+        self._is_pre_trainer = False
+        self._stop_requested = False
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+        self._tbd_writer: Any = None
+        self._last_tb_reset_ts: float | None = None
+
+    # ------------------------------------------------------------------ device
+    def _init_device(self) -> torch.device:
+        if self._num_gpus > 0 and torch.cuda.is_available():
+            if self.distributed.size > 1:
+                device = torch.device("cuda", self.distributed.local_rank)
+                torch.cuda.set_device(device)
+                return device
+            return torch.device("cuda", 0)
+        return torch.device("cpu")
+
+    def to_device(self, data: Any) -> Any:
+        """Move tensors (nested in dicts/lists/tuples) to this trial's device."""
+        return to_device(data, self.device, self._to_device_warned_types)
+
+    # ------------------------------------------------------------------ training position
+    def _batch_idx(self) -> int:
+        if self._current_batch_idx is None:
+            raise InvalidTrialError("training has not started: no current batch yet")
+        return self._current_batch_idx
+
+    def _epoch_length(self) -> int:
+        if self._epoch_len is None:
+            raise InvalidTrialError("the training data loader is not built yet")
+        return self._epoch_len
+
+    def is_epoch_start(self) -> bool:
+        return self._batch_idx() % self._epoch_length() == 0
+
+    def is_epoch_end(self) -> bool:
+        n = self._epoch_length()
+        return self._batch_idx() % n == n - 1
+
+    def current_train_epoch(self) -> int:
+        return self._batch_idx() // self._epoch_length()
+
+    def current_train_batch(self) -> int:
+        return self._batch_idx()
+
+    def get_stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the loop to stop after the current batch: it reports, checkpoints and returns."""
+        if not isinstance(stop_requested, bool):
+            raise InvalidTrialError(
+                f"set_stop_requested() takes a bool, found {type(stop_requested).__name__}"
+            )
+        if stop_requested:
+            logger.info("A trial stop was requested: it stops (and checkpoints) after this batch")
+        self._stop_requested = stop_requested
+
+    # ------------------------------------------------------------------ information
+    def get_hparams(self) -> dict[str, Any]:
+        if self._hparams is None:
+            raise InvalidTrialError(
+                "get_hparams(): no hyperparameters; pass hparams=... to pytorch.init()"
+            )
+        return self._hparams
+
+    def get_hparam(self, name: str) -> Any:
+        hparams = self.get_hparams()
+        if name not in hparams:
+            raise InvalidTrialError(
+                f"get_hparam({name!r}): no such hyperparameter; the trial has "
+                f"{sorted(hparams)} (the config's hyperparameters section)"
+            )
+        if name == "global_batch_size":
+            logger.warning(
+                "Please use `context.get_per_slot_batch_size()` and "
+                "`context.get_global_batch_size()` instead of accessing `global_batch_size` "
+                "directly."
+            )
+        return hparams[name]
+
+    def get_experiment_config(self) -> dict[str, Any]:
+        if self._exp_conf is None:
+            raise InvalidTrialError(
+                "get_experiment_config(): no experiment config; pass exp_conf=... to "
+                "pytorch.init() (det-local passes the experiment's config itself)"
+            )
+        return self._exp_conf
+
+    def get_data_config(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.get_experiment_config().get("data") or {}
+        return data
+
+    def get_global_batch_size(self) -> int:
+        if self._global_batch_size is None:
+            raise InvalidTrialError(
+                "get_global_batch_size(): the hyperparameters have no global_batch_size; add it "
+                "to hyperparameters (or to pytorch.init(hparams=...))"
+            )
+        return self._global_batch_size
+
+    def get_per_slot_batch_size(self) -> int:
+        if self._per_slot_batch_size is None:
+            raise InvalidTrialError(
+                "get_per_slot_batch_size(): the hyperparameters have no global_batch_size; add "
+                "it to hyperparameters (or to pytorch.init(hparams=...))"
+            )
+        return self._per_slot_batch_size
+
+    def _trial_info(self) -> Any:
+        info = getattr(self._core, "info", None)
+        if info is None or info.task_type != "TRIAL":
+            return None
+        return info.trial
+
+    def get_experiment_id(self) -> int:
+        """The experiment's id (0 off-cluster)."""
+        trial = self._trial_info()
+        return int(trial.experiment_id) if trial is not None else 0
+
+    def get_trial_id(self) -> int:
+        """The trial's id (0 off-cluster)."""
+        trial = self._trial_info()
+        return int(trial.trial_id) if trial is not None else 0
+
+    def get_trial_seed(self) -> int:
+        if self._trial_seed is None:
+            raise InvalidTrialError(
+                "get_trial_seed(): no trial seed off-cluster (pytorch.init() ran outside "
+                "det-local); seed the RNGs yourself when running locally"
+            )
+        return self._trial_seed
+
+    def get_initial_batch(self) -> int:
+        """The batch this run starts from (steps completed by earlier runs of the trial)."""
+        return self._steps_completed
+
+    # ------------------------------------------------------------------ tensorboard / profiler
+    def get_tensorboard_path(self) -> pathlib.Path:
+        return pathlib.Path(self._core.train.get_tensorboard_path())
+
+    def get_tensorboard_writer(self) -> Any:
+        """A torch.utils.tensorboard.SummaryWriter writing under get_tensorboard_path()."""
+        if self._tbd_writer is None:
+            if importlib.util.find_spec("tensorboard") is None:
+                raise MissingPackageError(
+                    "get_tensorboard_writer() needs the 'tensorboard' package, which is not "
+                    "installed: pip install tensorboard"
+                )
+            from torch.utils import tensorboard
+
+            self._tbd_writer = tensorboard.SummaryWriter(str(self.get_tensorboard_path()))
+        return self._tbd_writer
+
+    def _maybe_reset_tbd_writer(self) -> None:
+        """Flush the writer; close it (a new event file) at most once a second."""
+        if self._tbd_writer is None:
+            return
+        now = time.time()
+        if self._last_tb_reset_ts is None:
+            self._last_tb_reset_ts = now
+        if int(now) > int(self._last_tb_reset_ts):
+            self._tbd_writer.close()
+            self._last_tb_reset_ts = now
+        else:
+            self._tbd_writer.flush()
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise InvalidTrialError("set_enable_tensorboard_logging() takes a bool")
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        return self._enable_tensorboard_logging
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """A torch.profiler.profile writing traces under get_tensorboard_path(); the loop starts it
+        and steps it once per batch."""
+        self.profiler = torch.profiler.profile(
+            *args,
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                str(self.get_tensorboard_path())
+            ),
+            **kwargs,
+        )
+
+    def _set_is_pre_trainer(self) -> None:
+        self._is_pre_trainer = True
+
+
+class PyTorchTrialContext(TrialContextBase):
     """Made by ``pytorch.init()`` (or CheckpointLoadContext). Wrap models, optimizers, LR
     schedulers and scalers in the trial's ``__init__``; call ``backward()`` and
     ``step_optimizer()`` in ``train_batch()``."""
@@ -74,62 +304,33 @@ class PyTorchTrialContext(ReducerContext):
         debug_enabled: bool,
         enable_tensorboard_logging: bool = True,
     ) -> None:
-        self._core = core_context
-        self.distributed = core_context.distributed
-        ReducerContext.__init__(self, self.distributed.allgather)
         if not isinstance(aggregation_frequency, int) or aggregation_frequency < 1:
             raise InvalidTrialError(
                 f"aggregation_frequency must be a positive int, found {aggregation_frequency!r}"
             )
-        self._hparams = hparams
-        self._exp_conf = exp_conf
-        self._trial_seed = trial_seed
-        self._steps_completed = steps_completed
-        self._num_gpus = num_gpus
-        self._debug_enabled = debug_enabled
-        self._managed_training = managed_training
+        TrialContextBase.__init__(
+            self,
+            core_context=core_context,
+            trial_seed=trial_seed,
+            hparams=hparams,
+            slots_per_trial=slots_per_trial,
+            num_gpus=num_gpus,
+            exp_conf=exp_conf,
+            steps_completed=steps_completed,
+            managed_training=managed_training,
+            debug_enabled=debug_enabled,
+            enable_tensorboard_logging=enable_tensorboard_logging,
+        )
         self._aggregation_frequency = aggregation_frequency
-        self._per_slot_batch_size: int | None = None
-        self._global_batch_size: int | None = None
-        if hparams and hparams.get("global_batch_size") is not None:
-            self._per_slot_batch_size, self._global_batch_size = batch_sizes(
-                hparams, slots_per_trial
-            )
-        self.device = self._init_device()
-
         self.models: list[nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[LRScheduler] = []
-        self.profiler: Any = None
         self.experimental = PyTorchExperimentalContext(self)
-        self._epoch_len: int | None = None
-        self._current_batch_idx: int | None = None
         self._optimizer_configs: dict[torch.optim.Optimizer, dict[str, Any]] = {}
         self._wrapped_models: dict[nn.Module, nn.Module] = {}
         self._scaler: Any = None
         self._use_apex = False
-        self._loss_ids: dict[Any, int] = {}
-        self._to_device_warned_types: set[type] = set()
-        self._is_pre_trainer = False
-        self._stop_requested = False
-        self._enable_tensorboard_logging = enable_tensorboard_logging
-        self._tbd_writer: Any = None
-        self._last_tb_reset_ts: float | None = None
         self._average_aggregated_gradients_default = True
-
-    # ------------------------------------------------------------------ device
-    def _init_device(self) -> torch.device:
-        if self._num_gpus > 0 and torch.cuda.is_available():
-            if self.distributed.size > 1:
-                device = torch.device("cuda", self.distributed.local_rank)
-                torch.cuda.set_device(device)
-                return device
-            return torch.device("cuda", 0)
-        return torch.device("cpu")
-
-    def to_device(self, data: Any) -> Any:
-        """Move tensors (nested in dicts/lists/tuples) to this trial's device."""
-        return to_device(data, self.device, self._to_device_warned_types)
 
     # ------------------------------------------------------------------ wrapping
     def _ddp_enabled(self) -> bool:
@@ -332,174 +533,6 @@ class PyTorchTrialContext(ReducerContext):
             optimizer.step()
         if auto_zero_grads:
             optimizer.zero_grad()
-
-    # ------------------------------------------------------------------ training position
-    def _batch_idx(self) -> int:
-        if self._current_batch_idx is None:
-            raise InvalidTrialError("training has not started: no current batch yet")
-        return self._current_batch_idx
-
-    def _epoch_length(self) -> int:
-        if self._epoch_len is None:
-            raise InvalidTrialError("the training data loader is not built yet")
-        return self._epoch_len
-
-    def is_epoch_start(self) -> bool:
-        return self._batch_idx() % self._epoch_length() == 0
-
-    def is_epoch_end(self) -> bool:
-        n = self._epoch_length()
-        return self._batch_idx() % n == n - 1
-
-    def current_train_epoch(self) -> int:
-        return self._batch_idx() // self._epoch_length()
-
-    def current_train_batch(self) -> int:
-        return self._batch_idx()
-
-    def get_stop_requested(self) -> bool:
-        return self._stop_requested
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask the loop to stop after the current batch: it reports, checkpoints and returns."""
-        if not isinstance(stop_requested, bool):
-            raise InvalidTrialError(
-                f"set_stop_requested() takes a bool, found {type(stop_requested).__name__}"
-            )
-        if stop_requested:
-            logger.info("A trial stop was requested: it stops (and checkpoints) after this batch")
-        self._stop_requested = stop_requested
-
-    # ------------------------------------------------------------------ information
-    def get_hparams(self) -> dict[str, Any]:
-        if self._hparams is None:
-            raise InvalidTrialError(
-                "get_hparams(): no hyperparameters; pass hparams=... to pytorch.init()"
-            )
-        return self._hparams
-
-    def get_hparam(self, name: str) -> Any:
-        hparams = self.get_hparams()
-        if name not in hparams:
-            raise InvalidTrialError(
-                f"get_hparam({name!r}): no such hyperparameter; the trial has "
-                f"{sorted(hparams)} (the config's hyperparameters section)"
-            )
-        if name == "global_batch_size":
-            logger.warning(
-                "Please use `context.get_per_slot_batch_size()` and "
-                "`context.get_global_batch_size()` instead of accessing `global_batch_size` "
-                "directly."
-            )
-        return hparams[name]
-
-    def get_experiment_config(self) -> dict[str, Any]:
-        if self._exp_conf is None:
-            raise InvalidTrialError(
-                "get_experiment_config(): no experiment config; pass exp_conf=... to "
-                "pytorch.init() (det-local passes the experiment's config itself)"
-            )
-        return self._exp_conf
-
-    def get_data_config(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.get_experiment_config().get("data") or {}
-        return data
-
-    def get_global_batch_size(self) -> int:
-        if self._global_batch_size is None:
-            raise InvalidTrialError(
-                "get_global_batch_size(): the hyperparameters have no global_batch_size; add it "
-                "to hyperparameters (or to pytorch.init(hparams=...))"
-            )
-        return self._global_batch_size
-
-    def get_per_slot_batch_size(self) -> int:
-        if self._per_slot_batch_size is None:
-            raise InvalidTrialError(
-                "get_per_slot_batch_size(): the hyperparameters have no global_batch_size; add "
-                "it to hyperparameters (or to pytorch.init(hparams=...))"
-            )
-        return self._per_slot_batch_size
-
-    def _trial_info(self) -> Any:
-        info = getattr(self._core, "info", None)
-        if info is None or info.task_type != "TRIAL":
-            return None
-        return info.trial
-
-    def get_experiment_id(self) -> int:
-        """The experiment's id (0 off-cluster)."""
-        trial = self._trial_info()
-        return int(trial.experiment_id) if trial is not None else 0
-
-    def get_trial_id(self) -> int:
-        """The trial's id (0 off-cluster)."""
-        trial = self._trial_info()
-        return int(trial.trial_id) if trial is not None else 0
-
-    def get_trial_seed(self) -> int:
-        if self._trial_seed is None:
-            raise InvalidTrialError(
-                "get_trial_seed(): no trial seed off-cluster (pytorch.init() ran outside "
-                "det-local); seed the RNGs yourself when running locally"
-            )
-        return self._trial_seed
-
-    def get_initial_batch(self) -> int:
-        """The batch this run starts from (steps completed by earlier runs of the trial)."""
-        return self._steps_completed
-
-    # ------------------------------------------------------------------ tensorboard / profiler
-    def get_tensorboard_path(self) -> pathlib.Path:
-        return pathlib.Path(self._core.train.get_tensorboard_path())
-
-    def get_tensorboard_writer(self) -> Any:
-        """A torch.utils.tensorboard.SummaryWriter writing under get_tensorboard_path()."""
-        if self._tbd_writer is None:
-            if importlib.util.find_spec("tensorboard") is None:
-                raise MissingPackageError(
-                    "get_tensorboard_writer() needs the 'tensorboard' package, which is not "
-                    "installed: pip install tensorboard"
-                )
-            from torch.utils import tensorboard
-
-            self._tbd_writer = tensorboard.SummaryWriter(str(self.get_tensorboard_path()))
-        return self._tbd_writer
-
-    def _maybe_reset_tbd_writer(self) -> None:
-        """Flush the writer; close it (a new event file) at most once a second."""
-        if self._tbd_writer is None:
-            return
-        now = time.time()
-        if self._last_tb_reset_ts is None:
-            self._last_tb_reset_ts = now
-        if int(now) > int(self._last_tb_reset_ts):
-            self._tbd_writer.close()
-            self._last_tb_reset_ts = now
-        else:
-            self._tbd_writer.flush()
-
-    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
-        if not isinstance(enable_tensorboard_logging, bool):
-            raise InvalidTrialError("set_enable_tensorboard_logging() takes a bool")
-        self._enable_tensorboard_logging = enable_tensorboard_logging
-
-    def get_enable_tensorboard_logging(self) -> bool:
-        return self._enable_tensorboard_logging
-
-    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
-        """A torch.profiler.profile writing traces under get_tensorboard_path(); the loop starts it
-        and steps it once per batch."""
-        self.profiler = torch.profiler.profile(
-            *args,
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(
-                str(self.get_tensorboard_path())
-            ),
-            **kwargs,
-        )
-
-    def _set_is_pre_trainer(self) -> None:
-        self._is_pre_trainer = True
 
     def _set_default_average_aggregated_gradients(self, value: bool) -> None:
         self._average_aggregated_gradients_default = value

@@ -19,13 +19,17 @@ logger = logging.getLogger("determined.pytorch")
 TorchData = Union[dict[str, torch.Tensor], Sequence[torch.Tensor], torch.Tensor]
 
 
-def dataset_repro_error(method: str, loader: Any, trial_name: str) -> InvalidTrialError:
+def dataset_repro_error(
+    method: str,
+    loader: Any,
+    trial_name: str,
+    disable: str = "context.experimental.disable_dataset_reproducibility_checks()",
+) -> InvalidTrialError:
     return InvalidTrialError(
         f"{trial_name}.{method}() returned a {type(loader).__name__}, not a "
         "determined.pytorch.DataLoader, so a resumed trial cannot continue on the same batches; "
-        "return pytorch.DataLoader(...) (same arguments as torch's), or call "
-        "context.experimental.disable_dataset_reproducibility_checks() in __init__ to take "
-        "charge of shuffling, sharding and skipping yourself"
+        f"return pytorch.DataLoader(...) (same arguments as torch's), or call {disable} in "
+        "__init__ to take charge of shuffling, sharding and skipping yourself"
     )
 
 

@@ -29,7 +29,7 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,43 @@ def init(
     with the trial seed, the experiment config, steps completed and (when ``hparams`` is None)
     the trial's hyperparameters come from det-local. Off-cluster the arguments are used as given;
     ``checkpoint_storage`` (a det-local addition) is where core.init() keeps checkpoints then."""
+
+    def make_context(**kwargs: Any) -> PyTorchTrialContext:
+        return PyTorchTrialContext(
+            aggregation_frequency=aggregation_frequency,
+            enable_tensorboard_logging=enable_tensorboard_logging,
+            **kwargs,
+        )
+
+    with trial_context(
+        make_context,
+        hparams=hparams,
+        exp_conf=exp_conf,
+        distributed=distributed,
+        checkpoint_storage=checkpoint_storage,
+        cluster_distributed=_init_distributed,
+        local_distributed=_torchrun_distributed,
+    ) as context:
+        yield context
+
+
+@contextlib.contextmanager
+def trial_context(
+    make_context: Callable[..., Any],
+    *,
+    hparams: dict[str, Any] | None,
+    exp_conf: dict[str, Any] | None,
+    distributed: Any,
+    checkpoint_storage: str | dict[str, Any] | None,
+    cluster_distributed: Callable[[Any, Any], Any],
+    local_distributed: Callable[[], Any],
+) -> Iterator[Any]:
+    """What pytorch.init() and deepspeed.init() share: the distributed context
+    (``cluster_distributed(info, given)`` under det-local, ``local_distributed()`` off-cluster
+    when none is given), the seeds, core.init(), and ``make_context(core_context=...,
+    trial_seed=..., hparams=..., slots_per_trial=..., num_gpus=..., exp_conf=...,
+    steps_completed=..., managed_training=True, debug_enabled=...)``. On the way out it closes
+    the TensorBoard writer and tears down a process group it made."""
     import torch.distributed as dist
 
     from det_local.trial import core
@@ -158,10 +195,10 @@ def init(
         num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         debug = False
         if distributed is None:
-            distributed = _torchrun_distributed()
+            distributed = local_distributed()
     else:
         assert info is not None
-        distributed = _init_distributed(info, distributed)
+        distributed = cluster_distributed(info, distributed)
         trial_seed = info.trial.trial_seed
         exp_conf = info.trial._config
         steps_completed = int(info.trial._steps_completed)
@@ -176,18 +213,16 @@ def init(
         preempt_mode=core.PreemptMode.WorkersAskChief,
         tensorboard_mode=core.TensorboardMode.MANUAL,
     ) as core_context:
-        context = PyTorchTrialContext(
+        context = make_context(
             core_context=core_context,
             trial_seed=trial_seed,
             hparams=hparams,
             slots_per_trial=core_context.distributed.get_size(),
             num_gpus=num_gpus,
             exp_conf=exp_conf,
-            aggregation_frequency=aggregation_frequency,
             steps_completed=steps_completed,
             managed_training=True,
             debug_enabled=debug,
-            enable_tensorboard_logging=enable_tensorboard_logging,
         )
         try:
             yield context
@@ -211,7 +246,10 @@ def _truthy(value: str | None) -> bool:
 class Trainer:
     """Trains a PyTorchTrial: ``Trainer(trial, context).fit(max_length=pytorch.Epoch(1))``."""
 
-    def __init__(self, trial: PyTorchTrial, context: PyTorchTrialContext) -> None:
+    def _make_controller(self, **kwargs: Any) -> _TrialController:
+        return _TrialController(**kwargs)
+
+    def __init__(self, trial: Any, context: Any) -> None:
         self._trial = trial
         self._context = context
         self._core = context._core
@@ -326,7 +364,7 @@ class Trainer:
                 f"fit(max_length={max_length!r}): expected pytorch.Batch(int) or pytorch.Epoch(int)"
             )
         assert max_length is not None
-        controller = _TrialController(
+        controller = self._make_controller(
             trial=self._trial,
             context=self._context,
             max_length=max_length,
@@ -429,7 +467,6 @@ class _TrialController:
         profiling_enabled: bool,
         checkpoint_timings: list[dict[str, Any]] | None = None,
     ) -> None:
-        check_trial(trial)
         self.trial = trial
         self.context = context
         self.core = context._core
@@ -448,17 +485,7 @@ class _TrialController:
         self.test_mode = test_mode
         self.trial_id = trial_id
         self.profiling_enabled = profiling_enabled
-
-        if not context.models:
-            raise InvalidTrialError(
-                f"{self.name} wrapped no model: in {self.name}.__init__ write "
-                "self.model = context.wrap_model(model)"
-            )
-        if not context.optimizers:
-            raise InvalidTrialError(
-                f"{self.name} wrapped no optimizer: in {self.name}.__init__ write "
-                "self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), ...))"
-            )
+        self._check_trial()
         self.callbacks = self._build_callbacks()
         self.eval_by_batch = evaluate_batch_defined(trial)
         self.call_evaluate_batch = evaluate_batch_caller(trial)
@@ -475,9 +502,37 @@ class _TrialController:
         self.train_enum: Any = None
         self.train_shuffle: ReproducibleShuffleSampler | None = None
         self._tb_warned = False
-        self.async_checkpointing = context.experimental._async_checkpointing
+        self.async_checkpointing = self._async_checkpointing()
         self.pending_write: _checkpoint.AsyncWrite | None = None
         self.checkpoint_timings = [] if checkpoint_timings is None else checkpoint_timings
+
+    # ------------------------------------------------------------------ what subclasses change
+    def _check_trial(self) -> None:
+        """The trial is one this loop trains, with what it must have wrapped."""
+        check_trial(self.trial)
+        if not self.context.models:
+            raise InvalidTrialError(
+                f"{self.name} wrapped no model: in {self.name}.__init__ write "
+                "self.model = context.wrap_model(model)"
+            )
+        if not self.context.optimizers:
+            raise InvalidTrialError(
+                f"{self.name} wrapped no optimizer: in {self.name}.__init__ write "
+                "self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), ...))"
+            )
+
+    def _async_checkpointing(self) -> bool:
+        return bool(self.context.experimental._async_checkpointing)
+
+    def _data_skip(self, start: int, saved: dict[str, Any] | None) -> int:
+        """How many loader batches a run resuming at batch `start` skips (`saved`: the
+        checkpoint's trial_state.pkl, None for a fresh start)."""
+        return start
+
+    def _start_iterators(self, start: int) -> None:
+        """The training iterator, and train_enum: (batch_idx, batch) from `start` on."""
+        self.train_iter = iter(self.training_loader)
+        self.train_enum = enumerate(self.train_iter, start=start)
 
     def _build_callbacks(self) -> dict[str, PyTorchCallback]:
         callbacks = self.trial.build_callbacks()
@@ -518,11 +573,10 @@ class _TrialController:
                 cb.on_trial_startup(start, uuid)
                 stack.callback(cb.on_trial_shutdown)
 
-            self._set_data_loaders(skip=start)
+            self._set_data_loaders(skip=self._data_skip(start, saved if resuming else None))
             # The iterator exists before the RNG is restored, as in Determined: making it draws
             # from the global RNG, identically in the first and the resumed run.
-            self.train_iter = iter(self.training_loader)
-            self.train_enum = enumerate(self.train_iter, start=start)
+            self._start_iterators(start)
             stack.callback(self._close_iterator)
 
             with ckpt_stack:
@@ -852,37 +906,7 @@ class _TrialController:
         if self.eval_by_batch:
             for cb in self.callbacks.values():
                 cb.on_validation_epoch_start()
-            keys: Any = None
-            rows: list[dict[str, Any]] = []
-            records = 0
-            for idx, batch in enumerate(self.validation_loader):
-                if self.context.experimental._auto_to_device:
-                    batch = self.context.to_device(batch)
-                records += self.trial.get_batch_length(batch)
-                out = self.call_evaluate_batch(batch, idx)
-                if not isinstance(out, dict):
-                    raise InvalidTrialError(
-                        f"{self.name}.evaluate_batch() returned a {type(out).__name__}; return a "
-                        "dict of metric name -> value"
-                    )
-                if keys is None:
-                    keys = out.keys()
-                elif out.keys() != keys:
-                    raise InvalidTrialError(
-                        f"{self.name}.evaluate_batch() returned metrics {sorted(out)} for batch "
-                        f"{idx} but {sorted(keys)} before; return the same names for every batch"
-                    )
-                rows.append(
-                    {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
-                )
-                if self.test_mode:
-                    break
-            if not rows:
-                raise InvalidTrialError(
-                    f"{self.name}.build_validation_data_loader() gave no batches"
-                    + (f" on rank {self.dist.rank}" if self.dist.size > 1 else "")
-                    + "; validation needs at least one batch"
-                )
+            rows, keys, records = self._evaluate_batches()
             rows = to_host(rows)
             for cb in self.callbacks.values():
                 cb.on_validation_epoch_end(rows)
@@ -914,6 +938,47 @@ class _TrialController:
         for cb in self.callbacks.values():
             cb.on_validation_end(metrics)
         return metrics
+
+    def _evaluate_batches(self) -> tuple[list[dict[str, Any]], list[str], int]:
+        """evaluate_batch() over the validation loader: (its metrics per batch, their names,
+        records seen)."""
+        keys: Any = None
+        rows: list[dict[str, Any]] = []
+        records = 0
+        for idx, batch in enumerate(self.validation_loader):
+            if self.context.experimental._auto_to_device:
+                batch = self.context.to_device(batch)
+            records += self.trial.get_batch_length(batch)
+            out = self.call_evaluate_batch(batch, idx)
+            keys = self._check_eval_row(out, idx, keys)
+            rows.append(
+                {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+            )
+            if self.test_mode:
+                break
+        if not rows:
+            raise InvalidTrialError(
+                f"{self.name}.build_validation_data_loader() gave no batches"
+                + (f" on rank {self.dist.rank}" if self.dist.size > 1 else "")
+                + "; validation needs at least one batch"
+            )
+        return rows, list(keys), records
+
+    def _check_eval_row(self, out: Any, idx: int, keys: Any) -> Any:
+        """evaluate_batch()'s answer is a dict with the names of the batches before; its keys."""
+        if not isinstance(out, dict):
+            raise InvalidTrialError(
+                f"{self.name}.evaluate_batch() returned a {type(out).__name__}; return a "
+                "dict of metric name -> value"
+            )
+        if keys is None:
+            return out.keys()
+        if out.keys() != keys:
+            raise InvalidTrialError(
+                f"{self.name}.evaluate_batch() returned metrics {sorted(out)} for batch "
+                f"{idx} but {sorted(keys)} before; return the same names for every batch"
+            )
+        return keys
 
     def _searcher_value(self, metrics: dict[str, Any]) -> float:
         name = self.searcher_metric
@@ -1079,12 +1144,17 @@ class _TrialController:
             callbacks=self.callbacks,
             saved_spec=load_data.get("trial_cls_spec"),
         )
-        if saved is None:  # a fresh trial starting from another trial's weights
+        self._resume_state(checkpoint.get("det_local") or {}, saved)
+
+    def _resume_state(self, det_local: dict[str, Any], saved: dict[str, Any] | None) -> None:
+        """The loop's counters from trial_state.pkl (`saved`; None: a fresh trial starting from
+        another trial's weights) and det-local's own state from the checkpoint."""
+        if saved is None:
             self.state = _TrialState(trial_id=self.trial_id)
             return
         # the training shuffle continues with the seed it started with, however this run's
         # loader was seeded (no pass has started yet: the skip replays from the first epoch)
-        seed = (checkpoint.get("det_local") or {}).get("train_shuffle_seed")
+        seed = det_local.get("train_shuffle_seed")
         if seed is not None and self.train_shuffle is not None:
             self.train_shuffle._reseed(int(seed))
         fields = vars(_TrialState())

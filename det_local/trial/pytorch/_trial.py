@@ -72,13 +72,13 @@ class PyTorchTrial(metaclass=abc.ABCMeta):
         return data_length(batch)
 
 
-def _overrides(trial: PyTorchTrial, name: str) -> bool:
+def _overrides(trial: Any, name: str, base: type = PyTorchTrial) -> bool:
     method = getattr(type(trial), name, None)
-    return method is not None and method is not getattr(PyTorchTrial, name)
+    return method is not None and method is not getattr(base, name)
 
 
-def evaluate_batch_defined(trial: PyTorchTrial) -> bool:
-    return _overrides(trial, "evaluate_batch")
+def evaluate_batch_defined(trial: Any, base: type = PyTorchTrial) -> bool:
+    return _overrides(trial, "evaluate_batch", base)
 
 
 def check_trial(trial: Any) -> None:
@@ -88,9 +88,14 @@ def check_trial(trial: Any) -> None:
             f"pytorch.Trainer needs a PyTorchTrial instance, found {type(trial).__name__}; "
             "subclass determined.pytorch.PyTorchTrial"
         )
+    check_evaluate(trial, PyTorchTrial)
+
+
+def check_evaluate(trial: Any, base: type) -> None:
+    """The trial overrides exactly one of evaluate_batch() and evaluate_full_dataset()."""
     name = type(trial).__name__
-    batch = _overrides(trial, "evaluate_batch")
-    full = _overrides(trial, "evaluate_full_dataset")
+    batch = _overrides(trial, "evaluate_batch", base)
+    full = _overrides(trial, "evaluate_full_dataset", base)
     if batch and full:
         raise InvalidTrialError(
             f"{name} defines both evaluate_batch() and evaluate_full_dataset(); keep one "
