@@ -176,7 +176,7 @@ class SearchProgress:
             if why != "stopped":
                 return "completed"
             val = self.store.latest_metrics(trial.id, "validation")
-            time_metric = search.get("time_metric")
+            time_metric = str(search.get("time_metric"))
             reached = val.metrics.get(time_metric) if val is not None else None
             if isinstance(reached, int | float) and reached >= search["max_time"]:
                 return "completed"
