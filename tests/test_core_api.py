@@ -246,9 +246,10 @@ with core.init() as core_context:
 
 def test_checkpoints_in_determined_layout_on_shared_fs(dl: Env) -> None:
     host = dl.tmp / "ckpts"
-    config = {
-        "checkpoint_storage": {"type": "shared_fs", "host_path": str(host), "storage_path": "s"}
-    }
+    storage = {"type": "shared_fs", "host_path": str(host), "storage_path": "s"}
+    # keep both checkpoints at the end (by default GC deletes the one at 3: neither the
+    # latest nor validated)
+    config = {"checkpoint_storage": {**storage, "save_trial_latest": 2}}
     cfg, ctx = dl.context(CHECKPOINTS, config)
     r = dl.det("run", cfg, ctx)
     assert r.rc == 0, r

@@ -42,7 +42,8 @@ def test_run_streams_output_records_metrics_and_exits_0(dl: Env) -> None:
     summary = r.out[r.out.index("Experiment 1 (basics) COMPLETED") :]
     assert "trial 1: COMPLETED, steps_completed=6" in summary
     assert "last validation (steps_completed=6): loss=0.166667, x=15" in summary
-    assert "checkpoints: 2" in summary
+    # checkpoint GC at the end (save_trial_best 1, save_trial_latest 1: both the one at 6)
+    assert "checkpoints: 1, latest" in summary
     assert "Traceback" not in r.out + r.err
 
     exps = dl.json("experiment", "list")
@@ -54,7 +55,10 @@ def test_run_streams_output_records_metrics_and_exits_0(dl: Env) -> None:
     described = dl.json("trial", "describe", 1)
     assert described["metrics"]["validation"]["metrics"] == {"loss": 1 / 6, "x": 15}
     assert described["metrics"]["training"]["steps_completed"] == 6
-    assert [c["steps_completed"] for c in described["checkpoints"]] == [3, 6]
+    assert [(c["steps_completed"], c["state"]) for c in described["checkpoints"]] == [
+        (3, "DELETED"),
+        (6, "COMPLETED"),
+    ]
     assert described["trial"]["latest_checkpoint"] == described["checkpoints"][-1]["uuid"]
 
     assert _training_steps(dl, 1) == [1, 2, 3, 4, 5, 6]

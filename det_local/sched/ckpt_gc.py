@@ -260,9 +260,16 @@ def collect_if_ended(engine: Engine, experiment_id: int) -> None:
         return
     if store.conn.in_transaction:
         if engine.loop is not None:
-            engine.loop.call_soon(collect_if_ended, engine, experiment_id)
+            engine.loop.call_soon(_after_commit, engine, experiment_id)
         return
     _collect_logged(engine, experiment_id)
+
+
+def _after_commit(engine: Engine, experiment_id: int) -> None:
+    try:
+        collect_if_ended(engine, experiment_id)
+    except Exception:  # e.g. the engine stopped meanwhile: the next start collects it
+        pass
 
 
 def collect_pending(engine: Engine) -> None:

@@ -217,7 +217,23 @@ def _follow_remote(paths: Paths, exp_id: int, quiet: bool, finish: Finish) -> in
             file=sys.stderr,
         )
         return 0
+    _wait_for_checkpoint_gc(store, exp_id)
     text, code = finish(store, exp_id, time.time() - started)
     if text:
         print(text, flush=True)
     return code
+
+
+def _wait_for_checkpoint_gc(store: Any, exp_id: int, timeout: float = 10.0) -> None:
+    """The engine collects an ended experiment's checkpoints just after recording its end:
+    wait (bounded) for that, so that the summary shows the checkpoints that are left."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not store.checkpoint_gc_due(exp_id):
+                return
+        except sqlite3.Error:  # a database from before checkpoint GC
+            return
+        time.sleep(0.05)
