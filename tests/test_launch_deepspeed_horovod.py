@@ -120,7 +120,7 @@ def test_deepspeed_command_and_workers(tmp_path: Path) -> None:
     hostfile = str(tmp_path / "deepspeed-hostfile.txt")
     assert call["argv"] == [
         "-H", hostfile, "--master_addr", "127.0.0.1", "--master_port", env["C10D_PORT"],
-        "--no_python", "--no_local_rank", "--",
+        "--no_python", "--no_local_rank", "--no_ssh_check", "--",
         sys.executable, "-m", "det_local.launch.wrap_rank", "RANK", "--",
         "python3", "worker.py", str(tmp_path),
     ]  # fmt: skip

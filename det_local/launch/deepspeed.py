@@ -4,7 +4,7 @@ Also ``python3 -m determined.launch.deepspeed``. Runs DeepSpeed's own launcher w
 per slot of the trial, as Determined's launcher does on one machine:
 
     deepspeed -H <hostfile> --master_addr 127.0.0.1 --master_port $C10D_PORT
-        --no_python --no_local_rank [OVERRIDES...] --
+        --no_python --no_local_rank --no_ssh_check [OVERRIDES...] --
         python -m det_local.launch.wrap_rank RANK -- SCRIPT...
 
 * the hostfile is ``localhost slots=<len(DET_SLOT_IDS)>``, written to the trial's info directory
@@ -27,6 +27,7 @@ alternative. The tree runs under the launcher supervision of ``supervise``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -61,6 +62,7 @@ def create_run_command(
         str(master_port),
         "--no_python",
         "--no_local_rank",
+        "--no_ssh_check",  # one machine: the hostfile names localhost, which needs no ssh
         *overrides,
         "--",
     ]
@@ -95,13 +97,15 @@ def _hparams() -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
+def merge_config(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with the leaves of `over` written over it: a dict in both is merged key by key,
+    anything else in `over` replaces (or adds) the value. Neither input is changed."""
+    out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_config(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 
@@ -135,7 +139,7 @@ def find_config(script: list[str]) -> tuple[str, dict[str, Any]] | None:
         config, where = loaded, name
     overwrite = hparams.get("overwrite_deepspeed_args")
     if isinstance(overwrite, dict):
-        config = _merge(config, overwrite)
+        config = merge_config(config, overwrite)
         where += " (with overwrite_deepspeed_args)"
     return where, config
 

@@ -16,6 +16,11 @@ What Determined 0.38's harness does for a PyTorchTrial, and so what this does:
    ``max_length``: the Trainer trains for ``searcher.max_length`` (records become batches of
    ``global_batch_size``).
 
+A DeepSpeedTrial goes the same way through ``deepspeed.init(hparams=..., exp_conf=...)`` and
+``deepspeed.Trainer`` (no aggregation_frequency: the DeepSpeed config has
+gradient_accumulation_steps); lengths in epochs need ``records_per_epoch`` in its config, as in
+Determined 0.37, where an epoch was records_per_epoch // train_batch_size batches.
+
 An exception from the trial's code ends the process with its traceback (exit 1). A mistake
 det-local can name (a missing module or class, a class that is not a PyTorchTrial, a config the
 harness cannot run) is one line, ``det-local: error: ...``, and exit 1; with ``debug: true`` in
@@ -25,6 +30,7 @@ the config (or DET_LOCAL_DEBUG=1) the traceback is printed as well.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -36,7 +42,7 @@ import types
 import warnings
 from typing import Any
 
-from det_local.errors import ConfigError, DetLocalError, NotSupportedYet
+from det_local.errors import ConfigError, DetLocalError
 
 logger = logging.getLogger("determined")
 
@@ -114,6 +120,20 @@ def run(train_entrypoint: str) -> None:
     average_aggregated = bool(optimizations.get("average_aggregated_gradients", True))
     scheduling_unit = int(config.get("scheduling_unit") or 100)
     trial_class = load_trial_class(train_entrypoint)
+    deepspeed = _is_deepspeed_trial(trial_class)
+    if deepspeed and not config.get("records_per_epoch"):
+        lengths = {
+            "searcher.max_length": max_length,
+            "min_validation_period": config.get("min_validation_period"),
+            "min_checkpoint_period": config.get("min_checkpoint_period"),
+        }
+        for name, value in lengths.items():
+            if isinstance(value, dict) and value.get("epochs"):
+                raise ConfigError(
+                    f"{name} is {{epochs: {value['epochs']}}}: a DeepSpeedTrial class counts "
+                    "epochs in records, so the config needs records_per_epoch (e.g. "
+                    "'records_per_epoch: 50000'), or give the length in batches"
+                )
 
     if train_entrypoint == config.get("entrypoint"):
         warnings.warn(
@@ -133,17 +153,28 @@ def run(train_entrypoint: str) -> None:
     )
     from det_local.trial import pytorch
 
-    with pytorch.init(
-        hparams=hparams, exp_conf=config, aggregation_frequency=aggregation_frequency
-    ) as context:
-        context._set_default_average_aggregated_gradients(average_aggregated)
+    with contextlib.ExitStack() as stack:
+        context: Any
+        if deepspeed:
+            from det_local.trial.pytorch import deepspeed as det_ds
+
+            context = stack.enter_context(det_ds.init(hparams=hparams, exp_conf=config))
+            trainer_class: Any = det_ds.Trainer
+        else:
+            context = stack.enter_context(
+                pytorch.init(
+                    hparams=hparams, exp_conf=config, aggregation_frequency=aggregation_frequency
+                )
+            )
+            context._set_default_average_aggregated_gradients(average_aggregated)
+            trainer_class = pytorch.Trainer
         context._set_is_pre_trainer()
         trial = trial_class(context)
         if context.distributed.size > 1 and context.distributed.rank != 0:
             level = logging.DEBUG if info.trial._debug else logging.WARNING
             logging.getLogger().setLevel(level)
         logger.info(f"Creating Trainer with {trial_class.__name__}.")
-        pytorch.Trainer(trial, context).fit(
+        trainer_class(trial, context).fit(
             checkpoint_period=checkpoint_period,
             validation_period=validation_period,
             reporting_period=pytorch.Batch(scheduling_unit),
@@ -155,10 +186,18 @@ def run(train_entrypoint: str) -> None:
 
 
 # ---------------------------------------------------------------------------- the class
+def _is_deepspeed_trial(cls: type) -> bool:
+    from det_local.trial.pytorch.deepspeed import DeepSpeedTrial
+
+    return issubclass(cls, DeepSpeedTrial)
+
+
 def load_trial_class(spec: str) -> type:
-    """The PyTorchTrial subclass that ``module:QualName`` names, imported from the working
-    directory (put first on sys.path, as Determined does with the model directory)."""
+    """The PyTorchTrial or DeepSpeedTrial subclass that ``module:QualName`` names, imported
+    from the working directory (put first on sys.path, as Determined does with the model
+    directory)."""
     from det_local.trial.pytorch import PyTorchTrial
+    from det_local.trial.pytorch.deepspeed import DeepSpeedTrial
 
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
@@ -201,14 +240,8 @@ def load_trial_class(spec: str) -> type:
             f"entrypoint '{spec}' names a {kind} in {where}, not a Trial class; name a "
             "pytorch.PyTorchTrial subclass" + _suggest(qualname, module, PyTorchTrial)
         )
-    if not issubclass(obj, PyTorchTrial):
+    if not issubclass(obj, (PyTorchTrial, DeepSpeedTrial)):
         bases = [c for c in obj.__mro__[1:] if c is not object]
-        names = {c.__name__ for c in bases}
-        if "DeepSpeedTrial" in names:
-            raise NotSupportedYet(
-                f"entrypoint '{spec}': {qualname} is a DeepSpeedTrial; DeepSpeedTrial classes "
-                "are not supported by this det-local version yet"
-            )
         what = (
             "derives from " + ", ".join(f"{c.__module__}.{c.__qualname__}" for c in bases[:3])
             if bases
@@ -217,7 +250,8 @@ def load_trial_class(spec: str) -> type:
         raise ConfigError(
             f"entrypoint '{spec}': class {qualname} in {where} {what}, not "
             "determined.pytorch.PyTorchTrial; a Trial-class entrypoint must name a "
-            "pytorch.PyTorchTrial subclass" + _suggest(qualname, module, PyTorchTrial)
+            "pytorch.PyTorchTrial (or pytorch.deepspeed.DeepSpeedTrial) subclass"
+            + _suggest(qualname, module, PyTorchTrial)
         )
     _check_constructor(obj, spec)
     return obj

@@ -1,0 +1,172 @@
+"""determined.pytorch.deepspeed with real DeepSpeed engines on CPU (gloo) under the real
+`det-local run`: a legacy DeepSpeedTrial entrypoint paused and resumed (the engines' own
+checkpoint files, the loop's counters and the data position continue), train_batch() called
+gradient_accumulation_steps times per batch, the 0.38 Trainer-API script with
+disable_auto_grad_accumulation() and overwrite_deepspeed_config(). Skipped without deepspeed
+(`pip install deepspeed`, in the `test` extra)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Env, wait_for
+
+from det_local.store.states import State
+
+pytest.importorskip("deepspeed")
+
+MODEL_DEF = (Path(__file__).resolve().parent / "fixtures" / "ds_model_def.py").read_text()
+DS_CONFIG = {
+    "train_batch_size": 4,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+}
+
+
+def config(dl: Env, entrypoint: str, batches: int, **hparams: Any) -> dict[str, Any]:
+    return {
+        "name": "ds",
+        "entrypoint": entrypoint,
+        "hyperparameters": {
+            "deepspeed_config": "ds_config.json",
+            "record": str(dl.tmp / "record.jsonl"),
+            "batches": batches,
+            **hparams,
+        },
+        "searcher": {
+            "name": "single",
+            "metric": "val_loss",
+            "smaller_is_better": True,
+            "max_length": {"batches": batches},
+        },
+        "min_validation_period": {"batches": 3},
+        "reproducibility": {"experiment_seed": 7},
+        "max_restarts": 0,
+    }
+
+
+def context(dl: Env, cfg: dict[str, Any]) -> tuple[Path, Path]:
+    files = {"model_def.py": MODEL_DEF, "ds_config.json": json.dumps(DS_CONFIG)}
+    return dl.context(MODEL_DEF, cfg, files=files)
+
+
+def records(dl: Env) -> list[dict[str, Any]]:
+    path = dl.tmp / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def steps(dl: Env, trial_id: int, group: str) -> list[int]:
+    return [m.steps_completed for m in dl.metrics(trial_id, group)]
+
+
+def test_legacy_deepspeed_trial_pauses_and_resumes(dl: Env) -> None:
+    marker = dl.tmp / "holding"
+    cfg, ctx = context(dl, config(dl, "model_def:LinearDS", 6, hold_at=3, marker=str(marker)))
+    run = dl.start("run", cfg, ctx)
+    wait_for(marker.exists, timeout=60, what="the trial to hold at batch 3")
+    assert dl.det("experiment", "pause", 1).rc == 0
+    r = run.wait()
+    assert r.rc == 3, (r, dl.log(1, 1)[-3000:])  # PAUSED
+    trial = dl.trial(1)
+    assert trial.state == State.PAUSED and trial.steps_completed == 3
+    r = dl.det("experiment", "activate", 1)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    trial = dl.trial(1)
+    assert trial.state == State.COMPLETED and trial.steps_completed == 6
+
+    rows = records(dl)
+    # train_batch() ran gradient_accumulation_steps (2) times per batch, each batch once
+    assert [r["batch"] for r in rows] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert [r["run"] for r in rows] == ["1"] * 6 + ["2"] * 6
+    # DeepSpeed stepped its optimizer once per batch, and the resumed engine went on from the
+    # checkpoint's global_steps (load_checkpoint ran), not from 0
+    assert [r["global_steps"] for r in rows] == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    # the resumed loader skipped exactly the micro-batches drawn: 24 distinct records of the
+    # first epoch (32 records, 8 batches of 2 x 2), none twice
+    drawn = [i for r in rows for i in r["drawn"]]
+    assert len(drawn) == 24 and len(set(drawn)) == 24
+    assert {r["epoch"] for r in rows} == {0}
+
+    assert steps(dl, 1, "validation") == [3, 6]
+    assert steps(dl, 1, "training")[-1] == 6
+    ckpts = dl.checkpoints(1)
+    assert [c.steps_completed for c in ckpts] == [3, 6]
+    last = Path(ckpts[-1].path)
+    names = {p.name for p in last.iterdir()}
+    assert {"model0", "det_state_dict_rank0.pth", "trial_state.pkl", "load_data.json"} <= names
+    assert {"code", "metadata.json"} <= names and "state_dict.pth" not in names
+    assert any((last / "model0").iterdir())  # DeepSpeed's own files, under tag model0
+    state = pickle.loads((last / "trial_state.pkl").read_bytes())
+    assert state["batches_trained"] == 6 and state["det_local_loader_batches"] == 12
+    load_data = json.loads((last / "load_data.json").read_text())
+    assert load_data["trial_type"] == "DeepSpeedTrial"
+    assert load_data["trial_cls_spec"] == "model_def:LinearDS" and "is_trainer" not in load_data
+
+
+def test_trainer_api_script_manual_accumulation_and_overwritten_config(dl: Env) -> None:
+    # overwrite_deepspeed_args changes two leaves (3 micro-batches of 2 per batch) and keeps
+    # the rest of ds_config.json (micro-batch size, optimizer)
+    overwrite = {"gradient_accumulation_steps": 3, "train_batch_size": 6}
+    cfg, ctx = context(
+        dl,
+        config(
+            dl,
+            "python3 model_def.py",
+            4,
+            manual_accumulation=True,
+            overwrite_deepspeed_args=overwrite,
+        ),
+    )
+    r = dl.det("run", cfg, ctx)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    assert dl.trial(1).state == State.COMPLETED and dl.trial(1).steps_completed == 4
+    rows = records(dl)
+    # disable_auto_grad_accumulation(): one call per batch, drawing all 3 micro-batches itself
+    assert [r["batch"] for r in rows] == [0, 1, 2, 3]
+    assert [len(r["drawn"]) for r in rows] == [6] * 4
+    assert [r["global_steps"] for r in rows] == [1, 2, 3, 4]
+    assert steps(dl, 1, "validation") == [3, 4]
+    load_data = json.loads((Path(dl.checkpoints(1)[-1].path) / "load_data.json").read_text())
+    assert load_data["is_trainer"] is True and load_data["trial_type"] == "DeepSpeedTrial"
+
+
+def test_overwrite_deepspeed_config_merges_leaves(tmp_path: Path) -> None:
+    from det_local.trial.pytorch._errors import InvalidTrialError
+    from det_local.trial.pytorch.deepspeed import overwrite_deepspeed_config
+
+    base = {
+        "train_batch_size": 16,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.1, "betas": [0.8, 0.9]}},
+        "zero_optimization": {"stage": 1},
+    }
+    over = {
+        "optimizer": {"params": {"lr": 0.01}},
+        "fp16": {"enabled": True},
+        "zero_optimization": 2,
+    }
+    merged = overwrite_deepspeed_config(base, over)
+    assert merged == {
+        "train_batch_size": 16,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.8, 0.9]}},
+        "zero_optimization": 2,
+        "fp16": {"enabled": True},
+    }
+    assert base["optimizer"]["params"]["lr"] == 0.1  # the inputs are left as they were
+    merged["optimizer"]["params"]["betas"].append(1)
+    assert base["optimizer"]["params"]["betas"] == [0.8, 0.9]
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(base))
+    assert overwrite_deepspeed_config(str(path), over) == overwrite_deepspeed_config(base, over)
+    assert overwrite_deepspeed_config(str(path), {}) == base
+    path.write_text('{"a": 1, "a": 2}')
+    with pytest.raises(InvalidTrialError, match="duplicate key 'a'"):
+        overwrite_deepspeed_config(str(path), {})
+    with pytest.raises(InvalidTrialError, match="cannot read the DeepSpeed config 'missing.json'"):
+        overwrite_deepspeed_config("missing.json", {})
+    with pytest.raises(TypeError, match="expected the path of a DeepSpeed config file or a dict"):
+        overwrite_deepspeed_config(3, {})  # type: ignore[arg-type]
