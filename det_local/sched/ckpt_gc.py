@@ -292,10 +292,14 @@ def _collect_logged(engine: Engine, experiment_id: int) -> None:
         uid = engine.user_ids.get(experiment_id, _uid_of(rec.user))
         result = collect(store, experiment_id, identity=_identity(uid))
     except Exception as err:  # GC must never take the engine down; the next start retries
-        engine._log_safely(
+        message = (
             f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
             "it is tried again when det-local next starts"
         )
+        try:
+            engine.note(message, experiment_id=experiment_id, level="WARNING")
+        except Exception:  # the store itself failed
+            engine._out(f"det-local: {message}")
         return
     gone = len(set(result.deleted) | set(result.removed))
     if gone:
