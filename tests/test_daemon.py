@@ -314,7 +314,8 @@ def test_bad_request_files_get_an_error_answer(dl: Env) -> None:
         for f in fragments:
             assert f in str(err.value), (case, str(err.value))
         assert "\n" not in str(err.value), case
-        assert not (dl.paths.queue / f"{req_id}.req").exists(), case
+        # removed once answered (off the daemon's event loop: a moment after the answer)
+        wait_for(lambda: not (dl.paths.queue / f"{req_id}.req").exists(), what=case)
         assert dl.daemon_pid() == pid and not gone(pid), case
     assert dl.jobs() == []
     assert dl.wait_job(dl.cmd("true")).exit_code == 0
@@ -379,7 +380,7 @@ def test_an_applied_request_is_answered_again_not_applied_twice(dl: Env) -> None
 
     dl.daemon_start()
     assert spool.wait_response(dl.paths, req_id, timeout=20) == 77
-    assert not (dl.paths.queue / f"{req_id}.req").exists()
+    wait_for(lambda: not (dl.paths.queue / f"{req_id}.req").exists(), what="the removal")
     later = dl.cmd("true")
     assert later == 1  # the replayed request created no job
     dl.wait_job(later)

@@ -59,14 +59,23 @@ def remote_request(
 ) -> Any:
     """Put a request in the spool and wait for the running engine's answer. EngineGone when
     the engine stopped without taking it (the request is withdrawn: nothing was done)."""
-    req_id = spool.submit(paths, op, payload)
+    watch = spool.answer_watch(paths)  # before the request: its answer cannot slip by
+    req_id = spool.submit(paths, op, payload, durable=False)
+    return _await_answer(paths, req_id, timeout, watch)
+
+
+def _await_answer(paths: Paths, req_id: str, timeout: float, watch: spool.AnswerWatch) -> Any:
     path = paths.queue / f"{req_id}{spool.SUFFIX}"
     deadline = time.monotonic() + timeout
+    durable = False
     while True:
         try:
-            return spool.wait_response(paths, req_id, timeout=0.25)
+            return spool.wait_response(paths, req_id, timeout=0.25, watch=watch)
         except spool.NoAnswer:
             pass
+        if not durable:  # not taken at once: from now on it waits in the spool, so keep it safe
+            spool.make_durable(paths, req_id)
+            durable = True
         if lock_free(paths):
             try:
                 path.unlink()

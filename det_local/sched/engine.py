@@ -29,7 +29,7 @@ from det_local.errors import (
     StateError,
 )
 from det_local.launch.ports import allocate_ports, port_env
-from det_local.sched import executor
+from det_local.sched import ckpt_gc, executor, spool
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -142,6 +142,9 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._stop_requested = asyncio.Event()
         self._spool_retry: asyncio.TimerHandle | None = None
         self._spool_failed: str | None = None  # the last failure logged (logged once)
+        self._spool_watch_close: Callable[[], None] | None = None
+        self._spool_removing: set[str] = set()
+        self._spool_remover: Any = None
         self._foreign_held = False  # a slot is busy only because of a foreign process
         self._foreign_timer: asyncio.TimerHandle | None = None
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -157,6 +160,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         # serves other users, so only a root daemon opens the socket to them
         os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
         self._recover()
+        ckpt_gc.collect_pending(self)  # ended experiments whose checkpoint GC did not finish
         self._start_spool()
         self._schedule()
 
@@ -187,6 +191,14 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self._spool_watch_close is not None:
+            self._spool_watch_close()
+            self._spool_watch_close = None
+        for name in list(self._spool_removing):  # what the remover thread has not got to yet
+            try:
+                spool.remove(self.paths.queue / name)
+            except OSError:
+                pass
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -691,6 +703,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             else:
                 self.store.set_experiment_progress(exp.id, 1.0)
                 self.store.set_experiment_state(exp.id, State.COMPLETED)
+        ckpt_gc.collect_if_ended(self, exp.id)  # once it has ended: checkpoint_storage save_*
 
     # ================================================================== control
     def _preempt(self, run: TrialRun, exp: ExperimentRun) -> None:

@@ -2,9 +2,10 @@
 # (the mixin methods annotate `self: Engine`; mypy checks them against the whole engine)
 """Spool requests inside the engine: one handler per operation, with ownership checks.
 
-The engine reads `queue/*.req` at start and whenever the directory changes (watchfiles), in
-name order. Each request is applied, its result recorded in the store (so a replay after a
-crash answers the same without applying twice), answered, and only then removed.
+The engine reads `queue/*.req` at start and whenever a request arrives (inotify, or
+watchfiles where inotify is unavailable), in name order. Each request is applied, its result
+recorded in the store (so a replay after a crash answers the same without applying twice),
+answered, and only then removed.
 """
 
 from __future__ import annotations
@@ -63,16 +64,48 @@ def _uid_of(user: str) -> int | None:
 class RequestsMixin:
     _spool_retry: asyncio.TimerHandle | None  # a retry of requests that could not be applied
     _spool_failed: str | None
+    _spool_watch_close: Callable[[], None] | None  # stops the inotify watch of the spool
+    _spool_removing: set[str]  # answered requests whose files are being removed
+    _spool_remover: Any  # the remover thread's work queue, once started
 
     # ------------------------------------------------------------------ the watcher
     def _start_spool(self: Engine) -> None:
         self.process_spool()
         spool.prune_responses(self.paths)
-        # an embedded run starts watching a moment later: importing the watcher costs ~70 ms,
-        # which a short run need not pay (the sweep covers that moment)
-        watch = self._watch_spool() if self.daemon else self._watch_spool_later()
-        self._tasks.append(asyncio.ensure_future(watch))
+        try:  # where requesters wait for answers (they watch it; they never create it)
+            spool.responses_dir(self.paths).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # a full disk...: requesters poll until the first answer creates it
+        if not self._watch_spool_inotify():
+            # an embedded run starts watchfiles a moment later: importing it costs ~70 ms,
+            # which a short run need not pay (the sweep covers that moment)
+            watch = self._watch_spool() if self.daemon else self._watch_spool_later()
+            self._tasks.append(asyncio.ensure_future(watch))
         self._tasks.append(asyncio.ensure_future(self._sweep_spool()))
+
+    def _watch_spool_inotify(self: Engine) -> bool:
+        """Wake on each request the moment it is renamed into the spool: an inotify descriptor
+        in the event loop. False where inotify is unavailable (watchfiles then)."""
+        from det_local.sched import inotify
+
+        assert self.loop is not None
+        try:
+            watch = inotify.Watch(self.paths.queue)
+        except OSError:
+            return False
+
+        def on_event() -> None:
+            if any(not n or n.endswith(spool.SUFFIX) for n in watch.drain()):
+                self.process_spool()
+
+        def stop() -> None:
+            assert self.loop is not None
+            self.loop.remove_reader(watch.fd)
+            watch.close()
+
+        self.loop.add_reader(watch.fd, on_event)
+        self._spool_watch_close = stop
+        return True
 
     async def _watch_spool_later(self: Engine) -> None:
         await asyncio.sleep(WATCH_DELAY_EMBEDDED_S)
@@ -130,6 +163,8 @@ class RequestsMixin:
 
     def _process_pending(self: Engine) -> None:
         for path in spool.pending(self.paths):
+            if path.name in self._spool_removing:
+                continue  # answered; its file is being removed
             try:
                 self._process_request(path)
             except Exception as err:
@@ -176,7 +211,37 @@ class RequestsMixin:
         answer = self._apply_and_record(req) if done is None else done
         # e.g. a full disk: OSError, and the request stays, to be answered later (from the store)
         spool.respond(self.paths, req.id, req.uid, answer)
-        spool.remove(path)
+        self._remove_request(path)
+
+    def _remove_request(self: Engine, path: Path) -> None:
+        """Remove an answered request's file off the event loop: an unlink waits for the
+        filesystem (its journal, the directory's lock while the next request is being written)
+        and the loop has processes to start. Until it is gone the engine skips its name; if
+        the engine stops first, the next one answers it again from the store."""
+        import queue
+        import threading
+
+        self._spool_removing.add(path.name)
+        if self._spool_remover is None:
+            work: queue.SimpleQueue[Path] = queue.SimpleQueue()
+            loop = self.loop
+
+            def run() -> None:
+                while True:
+                    item = work.get()
+                    try:
+                        spool.remove(item)
+                    except OSError:
+                        pass  # still there: answered again from the store, then removed
+                    if loop is not None and not loop.is_closed():
+                        try:
+                            loop.call_soon_threadsafe(self._spool_removing.discard, item.name)
+                        except RuntimeError:  # the loop closed meanwhile
+                            pass
+
+            threading.Thread(target=run, name="spool-remover", daemon=True).start()
+            self._spool_remover = work
+        self._spool_remover.put(path)
 
     def _apply_and_record(self: Engine, req: Request) -> dict[str, Any]:
         """Apply the request and record its answer in one transaction: after a crash it is

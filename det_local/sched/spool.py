@@ -58,8 +58,12 @@ def responses_dir(paths: Paths) -> Path:
 
 
 # ---------------------------------------------------------------------- client side
-def submit(paths: Paths, op: str, payload: dict[str, Any]) -> str:
-    """Write a request; returns its id (the file name without the suffix)."""
+def submit(paths: Paths, op: str, payload: dict[str, Any], durable: bool = True) -> str:
+    """Write a request; returns its id (the file name without the suffix).
+
+    durable=False skips the fsync: for a requester that waits for the answer, which comes only
+    once the request is committed in the store, so nothing was promised before that point (a
+    requester that gives up waiting calls `make_durable` before saying the request is queued)."""
     paths.queue.mkdir(parents=True, exist_ok=True)
     req_id = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
     body = msgpack.packb(
@@ -72,7 +76,8 @@ def submit(paths: Paths, op: str, payload: dict[str, Any]) -> str:
             view = memoryview(body)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, paths.queue / f"{req_id}{SUFFIX}")
@@ -88,19 +93,91 @@ def submit(paths: Paths, op: str, payload: dict[str, Any]) -> str:
     return req_id
 
 
-def wait_response(paths: Paths, req_id: str, timeout: float = 60.0) -> Any:
-    """Wait (bounded polling, 1 ms rising to 20 ms) for the daemon's answer to a request."""
+def make_durable(paths: Paths, req_id: str) -> None:
+    """fsync a request still in the spool (written with durable=False), and the spool itself."""
+    for target in (paths.queue / f"{req_id}{SUFFIX}", paths.queue):
+        try:
+            fd = os.open(target, os.O_RDONLY)
+        except OSError:
+            continue  # taken meanwhile: its answer is in the store
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class AnswerWatch:
+    """What a requester waits on: an inotify watch of the responses directory, made before
+    the request is written so no answer can slip by; polling where inotify is unavailable.
+
+    Closing an inotify descriptor waits for an RCU grace period (milliseconds), so a process
+    keeps one per spool (`answer_watch`) for all its requests instead of one per request."""
+
+    def __init__(self, paths: Paths) -> None:
+        from det_local.sched import inotify
+
+        self.watch: inotify.Watch | None
+        try:
+            self.watch = inotify.Watch(responses_dir(paths))
+        except OSError:  # no responses directory yet (a daemon creates it), or no inotify
+            self.watch = None
+        self.delay = 0.0005
+
+    def pause(self, deadline: float) -> None:
+        """Wait for something to arrive (or a short while), at most until the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        if self.watch is not None:
+            # bounded anyway: an event missed (the directory replaced) costs 50 ms, not a hang
+            if self.watch.wait(min(left, 0.05)):
+                self.watch.drain()
+            return
+        time.sleep(min(self.delay, left))
+        self.delay = min(self.delay * 1.5, 0.005)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+
+    def __enter__(self) -> AnswerWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_WATCHES: dict[Path, AnswerWatch] = {}
+
+
+def answer_watch(paths: Paths) -> AnswerWatch:
+    """This process's watch of the spool's answers (made once, kept until the process ends)."""
+    watch = _WATCHES.get(paths.queue)
+    if watch is None or watch.watch is None:
+        watch = AnswerWatch(paths)
+        _WATCHES[paths.queue] = watch
+    return watch
+
+
+def wait_response(
+    paths: Paths, req_id: str, timeout: float = 60.0, watch: AnswerWatch | None = None
+) -> Any:
+    """Wait (inotify, else polling from 0.5 ms rising to 5 ms) for the daemon's answer."""
     path = responses_dir(paths) / f"{req_id}{RESPONSE_SUFFIX}"
     daemon_uid = os.stat(paths.queue).st_uid  # answers are written by the queue's owner only
     deadline = time.monotonic() + timeout
-    delay = 0.0005
+    if watch is None:
+        watch = answer_watch(paths)
     while True:
         try:
             with open(path, "rb") as f:
                 if os.fstat(f.fileno()).st_uid != daemon_uid:
                     raise DetLocalError(
-                        f"the answer to request {req_id} is not owned by the det-local daemon's "
-                        f"user; someone tampered with {path.parent}"
+                        f"the answer to request {req_id} is not owned by the det-local "
+                        f"daemon's user; someone tampered with {path.parent}"
                     )
                 data = f.read()
         except FileNotFoundError:
@@ -109,21 +186,22 @@ def wait_response(paths: Paths, req_id: str, timeout: float = 60.0) -> Any:
                     f"the det-local daemon did not answer request {req_id} in {timeout:.0f}s; "
                     "is it running? (`det-local daemon status`)"
                 ) from None
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.005)
+            watch.pause(deadline)
             continue
-        try:
-            path.unlink()
-        except OSError:
-            pass
-        answer = msgpack.unpackb(data, raw=False)
-        if answer.get("error"):
-            raise DetLocalError(str(answer["error"]))
-        return answer.get("value")
+        break
+    try:
+        path.unlink()
+    except OSError:
+        pass
+    answer = msgpack.unpackb(data, raw=False)
+    if answer.get("error"):
+        raise DetLocalError(str(answer["error"]))
+    return answer.get("value")
 
 
 def request(paths: Paths, op: str, payload: dict[str, Any], timeout: float = 60.0) -> Any:
-    return wait_response(paths, submit(paths, op, payload), timeout)
+    watch = answer_watch(paths)  # before the request: its answer cannot slip by
+    return wait_response(paths, submit(paths, op, payload), timeout, watch)
 
 
 # ---------------------------------------------------------------------- daemon side
