@@ -11,16 +11,17 @@ examples/digits_pytorch run by det-local and for a hand-written DDP script, in t
     DistributedSampler with shuffle and drop_last, and the loss averaged across ranks every 100
     batches, as det-local's Trainer reports it.
 
-What is timed, both ways, is the training phase only, by the trial's own clock: from the
-training report at batch 100 (the first 100 batches are warm-up) to the one at batch N. For
-det-local those are the ``time`` of the chief's training-metric reports in the store (taken in
-the trial when it reports, after the cross-rank gather), less the pauses inside that window:
-the validation the example runs every 100 batches and the checkpoint Trainer.fit() takes after
-a best-so-far validation (each pause: from the training report to the later of the validation
-report's time and the checkpoint's record time at the same batch); for raw, rank 0's clock
-after the same cross-rank loss average. Process start-up, rendezvous, the final validation and
-checkpoint are outside the window.
-samples/s = (N - 100) x 64 / that time; speedup = samples/s at 2 ranks / samples/s at 1 rank.
+What is timed, both ways, is the training phase only, by the trial's own clock, in windows of
+100 batches from batch 100 (the first 100 are warm-up) to batch N. For det-local the window
+ends are the ``time`` of the chief's training-metric reports in the store (taken in the trial
+when it reports, after the cross-rank gather), less the pause at the window's start: the
+validation the example runs every 100 batches and the checkpoint Trainer.fit() takes after a
+best-so-far validation (the pause lasts from the training report to the later of the
+validation report's time and the checkpoint's record time at that batch); for raw, rank 0's
+clock after the same cross-rank loss average. Process start-up, rendezvous, the final
+validation and checkpoint are outside. A run's samples/s is 100 x 64 / its median window (a
+burst of other work on a shared box spoils a window, not the run); speedup = samples/s at 2
+ranks / samples/s at 1 rank.
 
 Intra-op threads: OMP_NUM_THREADS is removed from the environment, so both ways get torchrun's
 own default (1 thread per worker at 2 ranks, torch's default, one per core, at 1 rank); with
@@ -65,7 +66,8 @@ from det_local.store.db import Store  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "digits_pytorch"
 GLOBAL_BATCH = 64
-WARMUP_BATCHES = 100  # the example reports training metrics every 100 batches
+WINDOW = 100  # the example reports training metrics (and validates) every 100 batches
+WARMUP_BATCHES = WINDOW
 MODES = ("det_local_1", "det_local_2", "raw_1", "raw_2")
 
 # The hand-written DDP script: what a user writes without det-local.
@@ -117,14 +119,14 @@ while batches < total:
                 dist.all_reduce(avg)
                 avg /= world
             losses = []
-            if rank == 0 and batches in (warmup, total):
+            if rank == 0 and batches >= warmup:
                 stamps[batches] = time.time()
         if batches >= total:
             break
     epoch += 1
 if rank == 0:
     with open(out, "w") as f:
-        json.dump({"start": stamps[warmup], "end": stamps[total], "loss": avg.item()}, f)
+        json.dump({"stamps": stamps, "loss": avg.item()}, f)
 dist.barrier()
 dist.destroy_process_group()
 """.replace("GLOBAL_BATCH", str(GLOBAL_BATCH))
@@ -185,13 +187,14 @@ def run_det_local(home: str, config: Path, ctx: Path, batches: int) -> float:
         }
     finally:
         store.close()
-    elapsed = training[batches] - training[WARMUP_BATCHES]
-    # The pauses inside the window, at WARMUP_BATCHES, ..., batches - 100: a validation, and the
-    # checkpoint that follows it when it was the best so far (Trainer.fit's checkpoint_policy
-    # "best"); each ends when its report reaches the store.
-    for s in range(WARMUP_BATCHES, batches, 100):
-        elapsed -= max(validation[s], checkpoints.get(s, 0.0)) - training[s]
-    return (batches - WARMUP_BATCHES) * GLOBAL_BATCH / elapsed
+    windows = []
+    for s in range(WARMUP_BATCHES, batches, WINDOW):
+        # less the pause at its start: a validation, and the checkpoint that follows it when it
+        # was the best so far (Trainer.fit's checkpoint_policy "best"); each ends when its report
+        # reaches the store
+        pause = max(validation[s], checkpoints.get(s, 0.0)) - training[s]
+        windows.append(training[s + WINDOW] - training[s] - pause)
+    return WINDOW * GLOBAL_BATCH / statistics.median(windows)
 
 
 def run_raw(workdir: Path, ranks: int, batches: int) -> float:
@@ -204,15 +207,16 @@ def run_raw(workdir: Path, ranks: int, batches: int) -> float:
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
         "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1",
         "--master_port", str(ports["C10D_PORT"]),
-        str(workdir / "raw_ddp.py"), str(out), str(batches), str(WARMUP_BATCHES), "100",
+        str(workdir / "raw_ddp.py"), str(out), str(batches), str(WARMUP_BATCHES), str(WINDOW),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(
             f"raw DDP at {ranks} ranks failed ({proc.returncode}): {proc.stderr[-3000:]}"
         )
-    stamps = json.loads(out.read_text())
-    return (batches - WARMUP_BATCHES) * GLOBAL_BATCH / (stamps["end"] - stamps["start"])
+    stamps = {int(k): v for k, v in json.loads(out.read_text())["stamps"].items()}
+    windows = [stamps[s + WINDOW] - stamps[s] for s in range(WARMUP_BATCHES, batches, WINDOW)]
+    return WINDOW * GLOBAL_BATCH / statistics.median(windows)
 
 
 def main() -> None:
@@ -267,6 +271,7 @@ def main() -> None:
         "det_local_vs_raw_at_1": round(med["det_local_1"] / med["raw_1"], 3),
         "global_batch_size": GLOBAL_BATCH,
         "timed_batches": args.batches - WARMUP_BATCHES,
+        "window_batches": WINDOW,
         "runs": args.runs,
         "omp_threads": args.omp_threads,
         "cpus": os.cpu_count(),
