@@ -195,6 +195,10 @@ def _alive(pid: int) -> bool:
 
 def test_not_installed(tmp_path: Path) -> None:
     env = _setup(tmp_path, {}, slots=2)
+    # a PATH with python3 only: the test extra installs DeepSpeed (its `deepspeed` command sits
+    # next to this interpreter), and a machine may have either tool elsewhere on PATH
+    (tmp_path / "bin" / "python3").symlink_to(sys.executable)
+    env["PATH"] = str(tmp_path / "bin")
     for launcher, message in (
         ("deepspeed", "DeepSpeed is not installed in this environment"),
         ("horovod", "Horovod is not installed in this environment"),
