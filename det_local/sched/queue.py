@@ -316,7 +316,8 @@ class QueueMixin:
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
-        self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"])
+        if job.kind != COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
+            self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"])  # has it in its env
         plan = LaunchPlan(
             argv=list(job.argv),
             env=env,

@@ -252,11 +252,20 @@ def respond(paths: Paths, req_id: str, uid: int, answer: dict[str, Any]) -> None
     """Write the answer where the requester waits for it. Answers name only ids and messages;
     they are owned by the daemon's user, which is how clients know them genuine."""
     out = responses_dir(paths)
-    out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{req_id}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgpack.packb(answer, use_bin_type=True))
-    os.chmod(tmp, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileNotFoundError:  # the directory went (or never was): make it, once
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        os.fchmod(fd, 0o644)  # readable by the requester whatever the daemon's umask
+        data = memoryview(msgpack.packb(answer, use_bin_type=True))
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
     os.replace(tmp, out / f"{req_id}{RESPONSE_SUFFIX}")
 
 
