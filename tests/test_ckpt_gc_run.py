@@ -97,6 +97,35 @@ def test_defaults_keep_the_best_and_the_latest_in_default_storage(dl: Env) -> No
     assert best["checkpoint"]["steps_completed"] == 10
 
 
+def test_a_warm_start_from_a_deleted_checkpoint_is_refused(dl: Env) -> None:
+    cfg, ctx = _context(dl, {"batches": 10, "every": 5, "vals": "5:0.5,10:0.2"})
+    assert dl.det("run", cfg, ctx).rc == 0
+    ckpts = dl.json("checkpoint", "list", "1")
+    assert _by_steps(ckpts) == {5: "DELETED", 10: "COMPLETED"}
+    deleted = next(c["uuid"] for c in ckpts if c["state"] == "DELETED")
+    kept = next(c["uuid"] for c in ckpts if c["state"] == "COMPLETED")
+    searcher = {"name": "single", "metric": "loss", "max_length": 5}
+    hp = {"batches": 1, "every": 1, "vals": ""}
+    cfg2, ctx2 = dl.context(
+        SCRIPT,
+        {"hyperparameters": hp, "searcher": {**searcher, "source_checkpoint_uuid": deleted}},
+        name="warm",
+    )
+    r = dl.det("run", cfg2, ctx2)
+    assert r.rc != 0 and "Traceback" not in r.err
+    line = r.err.strip()
+    assert "\n" not in line, line
+    assert f"searcher.source_checkpoint_uuid: checkpoint {deleted} (trial 1)" in line
+    assert "deleted by checkpoint GC when experiment 1 ended" in line
+    assert len(dl.json("experiment", "list")) == 1  # nothing was created
+    cfg3, ctx3 = dl.context(
+        SCRIPT,
+        {"hyperparameters": hp, "searcher": {**searcher, "source_checkpoint_uuid": kept}},
+        name="warm-kept",
+    )
+    assert dl.det("run", cfg3, ctx3).rc == 0
+
+
 def test_experiment_best_across_trials_in_shared_fs_storage(dl: Env) -> None:
     host = dl.tmp / "shared"
     storage = {

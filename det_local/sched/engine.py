@@ -323,7 +323,9 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
     def _warm_start(self, cfg: Any) -> str | None:
         s = cfg.searcher
         if s.source_checkpoint_uuid:
-            self.store.get_checkpoint(s.source_checkpoint_uuid)
+            self._usable_checkpoint(
+                str(s.source_checkpoint_uuid), "searcher.source_checkpoint_uuid"
+            )
             return str(s.source_checkpoint_uuid)
         if s.source_trial_id is not None:
             trial = self.store.get_trial(int(s.source_trial_id))
@@ -331,8 +333,21 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 raise DetLocalError(
                     f"searcher.source_trial_id: trial {trial.id} has no checkpoint to start from"
                 )
+            self._usable_checkpoint(trial.latest_checkpoint, "searcher.source_trial_id")
             return trial.latest_checkpoint
         return None
+
+    def _usable_checkpoint(self, uuid: str, field: str) -> None:
+        """A warm start's checkpoint must still have its files (checkpoint GC may have removed
+        them when its experiment ended)."""
+        ckpt = self.store.get_checkpoint(uuid)
+        if ckpt.state == "DELETED":
+            raise DetLocalError(
+                f"{field}: checkpoint {uuid} (trial {ckpt.trial_id}) was deleted by checkpoint "
+                f"GC when experiment {ckpt.experiment_id} ended; start from another one "
+                f"(`det-local checkpoint list {ckpt.experiment_id}`), or raise checkpoint_storage "
+                "save_trial_best/save_trial_latest next time"
+            )
 
     # ================================================================== searcher actions
     def _apply(self, exp: ExperimentRun, actions: list[Action]) -> None:
