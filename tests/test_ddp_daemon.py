@@ -108,11 +108,12 @@ def test_two_slots_learn_what_one_slot_learns(dl: Env) -> None:
         lambda: (
             (js := dl.json("job", "list"))
             and any(j["experiment_id"] == two and j["state"] == "SCHEDULED" for j in js)
+            and any(j["experiment_id"] == one for j in js)
             and js
         ),
         timeout=30,
         interval=0.1,
-        what="the 2-slot trial to start",
+        what="the 2-slot trial to start and the 1-slot trial to be queued",
     )
     by_exp = {j["experiment_id"]: j for j in jobs}
     assert sorted(by_exp[two]["slots"]) == [0, 1], jobs
