@@ -61,6 +61,15 @@ Rules
    forth.
 8. **Determinism.** The same inputs give the same decision; every tie is broken by a total
    order ending in the job id.
+9. **Long queues.** Handed a :class:`SortedQueue` (the queue already in ``(priority,
+   position, id)`` order, as the daemon keeps it), :func:`schedule` reads only as far as can
+   matter: it stops once no queued job is left that needs no slot and no later job can start
+   or make anyone preempt: every free slot is taken, or a job is blocked and preemption is
+   off (nothing passes it); and no running job can be preempted for a later job (preemption
+   off; priority mode: none left with a priority number greater than the last job read;
+   fair share: none left at all). ``start`` and ``preempt`` are then exactly those of the
+   whole queue; ``waiting`` lists the jobs read, and ``complete`` is False when some were
+   left unread (they all wait).
 """
 
 from __future__ import annotations
@@ -68,7 +77,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -129,10 +138,22 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class SortedQueue:
+    """The queued jobs, handed over in ``(priority, position, id)`` order and read lazily
+    (rule 9): ``jobs`` yields them all, zero-slot ones included; ``zero_slot`` counts those
+    that need no slot."""
+
+    jobs: Iterable[JobView]
+    zero_slot: int
+
+
+@dataclass(frozen=True)
 class Decision:
     start: tuple[tuple[int, tuple[int, ...]], ...]  # (job id, slot indices) to start now
     preempt: tuple[int, ...]  # running job ids to ask to preempt now
     waiting: Mapping[int, str]  # queued job id -> why it waits
+    # False: a SortedQueue was read only in part (rule 9); the jobs not in `waiting` wait too
+    complete: bool = True
 
 
 def check_request(
@@ -374,11 +395,24 @@ class _Pass:
     def _no_victims(j: JobView, need: int) -> list[RunningJob] | None:
         return None
 
-    def decision(self) -> Decision:
+    def settled(self, last: JobView) -> bool:
+        """Rule 9: no job after ``last`` (in this pass's order) that needs slots can start or
+        get anyone preempted."""
+        if self.fp < len(self.free) and (self.barrier is None or self.cfg.preemption):
+            return False  # a slot is free and a later job may still reach it
+        return not self.cfg.preemption or not self.victims_after(last)
+
+    def victims_after(self, last: JobView) -> bool:
+        """Whether a job after ``last`` may still find running jobs to preempt."""
+        finder = self.victim_finder
+        return isinstance(finder, _PriorityVictims) and finder.any_after(last.priority)
+
+    def decision(self, complete: bool = True) -> Decision:
         return Decision(
             start=tuple(self.start),
             preempt=tuple(self.preempt),
             waiting=MappingProxyType(self.waiting),
+            complete=complete,
         )
 
 
@@ -406,6 +440,10 @@ class _PriorityVictims:
         end = bisect_left(self.cum, self.cum[start] + need, lo=start + 1, hi=k + 1)
         self.next = end
         return self.cands[start:end]
+
+    def any_after(self, priority: int) -> bool:
+        """Whether a job of this priority, or a less important one, may still get victims."""
+        return self.next < len(self.cands) and self.cands[self.next].job.priority > priority
 
 
 class _FairPass(_Pass):
@@ -438,6 +476,10 @@ class _FairPass(_Pass):
 
     def _may_pass_fair(self, j: JobView) -> bool:
         return self.cfg.preemption and j.preemptible
+
+    def victims_after(self, last: JobView) -> bool:
+        # jobs come in no priority order here: any preemptible running job left may do
+        return any(self.by_user.values())
 
     def consider(self, j: JobView) -> bool:
         started = super().consider(j)
@@ -498,18 +540,37 @@ def schedule(
     total_slots: int,
     free: Sequence[int],
     running: Sequence[RunningJob],
-    queued: Sequence[JobView],
+    queued: Sequence[JobView] | SortedQueue,
     cfg: PolicyConfig,
 ) -> Decision:
-    """One scheduling pass: what to start, whom to ask to preempt, why the rest wait."""
+    """One scheduling pass: what to start, whom to ask to preempt, why the rest wait. A
+    :class:`SortedQueue` is read only as far as can matter (rule 9)."""
+    zero_left: int | None = None
+    if isinstance(queued, SortedQueue):
+        zero_left = queued.zero_slot
+        order: Iterable[JobView] = queued.jobs
+        if cfg.mode == "fair_share":
+            queued = list(queued.jobs)
+    elif cfg.mode != "fair_share":
+        order = sorted(queued, key=_key)
+    p: _Pass
     if cfg.mode == "fair_share":
-        fp = _FairPass(total_slots, free, running, queued, cfg)
-        for job in _fair_order(queued, cfg, fp.usage):
-            fp.consider(job)
-        return fp.decision()
-    p = _Pass(total_slots, free, running, cfg)
-    if cfg.preemption:
-        p.victim_finder = _PriorityVictims(running)
-    for job in sorted(queued, key=_key):
+        assert not isinstance(queued, SortedQueue)
+        p = _FairPass(total_slots, free, running, queued, cfg)
+        order = _fair_order(queued, cfg, p.usage)
+    else:
+        p = _Pass(total_slots, free, running, cfg)
+        if cfg.preemption:
+            p.victim_finder = _PriorityVictims(running)
+    if zero_left is None:
+        for job in order:
+            p.consider(job)
+        return p.decision()
+    jobs = iter(order)
+    for job in jobs:
         p.consider(job)
+        if job.slots <= 0:
+            zero_left -= 1
+        if zero_left <= 0 and p.settled(job):
+            return p.decision(complete=next(jobs, None) is None)
     return p.decision()

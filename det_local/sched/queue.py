@@ -10,12 +10,20 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError, StateError, TrialError
 from det_local.sched import executor
 from det_local.sched.plan import LaunchPlan
-from det_local.sched.policy import JobView, PolicyConfig, RunningJob, check_request, schedule
+from det_local.sched.policy import (
+    JobView,
+    PolicyConfig,
+    RunningJob,
+    SortedQueue,
+    check_request,
+    schedule,
+)
 from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord
 
 if TYPE_CHECKING:
@@ -70,8 +78,8 @@ class QueueMixin:
             preemptible=job.kind == TRIAL,
         )
 
-    def _free_slots(self: Engine, jobs: list[JobRecord]) -> list[int]:
-        used = {s for j in jobs if j.state == SCHEDULED for s in j.slots}
+    def _free_slots(self: Engine, running: Iterable[JobRecord]) -> list[int]:
+        used = {s for j in running for s in j.slots}
         busy = self._foreign_busy()
         if busy - used:
             # nothing of ours tells when a foreign process lets go of its GPU: look again soon
@@ -120,28 +128,38 @@ class QueueMixin:
         self._check_idle()
 
     def _schedule_once(self: Engine) -> None:
-        jobs = self.store.jobs.active()
-        running = [
-            RunningJob(self._view(j), tuple(j.slots), preempting=j.id in self._preempting)
-            for j in jobs
-            if j.state == SCHEDULED
-        ]
-        queued = [self._view(j) for j in jobs if j.state == QUEUED]
-        if not queued:
+        # the writer's in-memory copy of the active jobs (no SQL), the queue in policy order:
+        # the policy reads only as far into a long queue as can matter (policy rule 9)
+        jobs = self.store.jobs.scheduling_view()
+        if not jobs.queue:
             self.waiting = {}
             return
+        running = [
+            RunningJob(self._view(j), tuple(j.slots), preempting=j.id in self._preempting)
+            for j in jobs.running.values()
+        ]
+        queued = SortedQueue(
+            jobs=(self._view(j) for j in jobs.queued_in_order()), zero_slot=jobs.zero_slot
+        )
         self._foreign_held = False
         decision = schedule(
-            self.inventory.size(), self._free_slots(jobs), running, queued, self._policy_config()
+            self.inventory.size(),
+            self._free_slots(jobs.running.values()),
+            running,
+            queued,
+            self._policy_config(),
         )
+        # why the jobs read wait (those left unread wait too: decision.complete is False)
         self.waiting = dict(decision.waiting)
-        if self._foreign_held and self.waiting:
+        if self._foreign_held and (self.waiting or not decision.complete):
             self._recheck_foreign_later()
-        by_id = {j.id: j for j in jobs}
-        for job_id in decision.preempt:
-            self._preempt_job(by_id[job_id])
-        for job_id, slots in decision.start:
-            self._start_job(by_id[job_id], list(slots))
+        # the records as they were when the policy decided (starting one changes the copy)
+        preempt = [jobs.jobs[job_id] for job_id in decision.preempt]
+        start = [(jobs.jobs[job_id], slots) for job_id, slots in decision.start]
+        for job in preempt:
+            self._preempt_job(job)
+        for job, slots in start:
+            self._start_job(job, list(slots))
 
     def _start_job(self: Engine, job: JobRecord, slots: list[int]) -> None:
         token = secrets.token_hex(16)

@@ -259,6 +259,9 @@ class RequestsMixin:
             self.store.jobs.record_request(req.id, answer)
             conn.execute("RELEASE request")
         except BaseException:
+            # the job table's in-memory copy may hold changes undone here (or by SQLite itself,
+            # when no transaction is left): it is read again from the store when next needed
+            self.store.jobs.reload()
             if conn.in_transaction:
                 conn.execute("ROLLBACK TO request")
                 conn.execute("RELEASE request")

@@ -4,6 +4,12 @@ A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process run
 that ended is DONE and kept for `job list --all` and its exit status. The allocation (slots,
 pid, the process's start time, the per-run token) is written before a process is spawned and
 completed after, so a restarted daemon can tell which processes are its own.
+
+The writer keeps the active jobs in memory as well (:class:`ActiveJobs`), so that a scheduling
+pass reads no SQL: every change goes through this table, writes its row and puts the row that
+SQLite returns (``RETURNING``) into the copy. The copy is dropped and read again from SQL when
+a transaction rolls back (:meth:`JobTable.reload`) or another connection commits to the
+database (``PRAGMA data_version``). Read-only clients read SQL.
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -69,6 +76,7 @@ _COLS = (
 _LIST_COLS = _COLS.replace("cwd, env,", "cwd, NULL,")
 _ACTIVE_COLS = _LIST_COLS.replace("ended_at, argv,", "ended_at, NULL,")
 _ACTIVE = "state IN ('QUEUED', 'SCHEDULED')"
+_ORDER = " ORDER BY position, id"  # what the position index gives (ties: by id)
 
 
 @dataclass
@@ -108,6 +116,12 @@ class JobRecord:
         return d
 
 
+def _real(v: Any) -> float | None:
+    # REAL columns: SQLite keeps a whole number as an integer on disk and a RETURNING clause
+    # hands it over as such (a SELECT gives a float)
+    return None if v is None else float(v)
+
+
 def _row(r: Sequence[Any]) -> JobRecord:
     return JobRecord(
         id=r[0],
@@ -116,19 +130,19 @@ def _row(r: Sequence[Any]) -> JobRecord:
         user=r[3],
         uid=r[4],
         priority=r[5],
-        position=r[6],
+        position=float(r[6]),
         slots_needed=r[7],
         state=r[8],
         experiment_id=r[9],
         trial_id=r[10],
         slots=json.loads(r[11]),
         pid=r[12],
-        pid_start=r[13],
+        pid_start=_real(r[13]),
         token=r[14],
         run_id=r[15],
-        submitted_at=r[16],
-        started_at=r[17],
-        ended_at=r[18],
+        submitted_at=float(r[16]),
+        started_at=_real(r[17]),
+        ended_at=_real(r[18]),
         argv=json.loads(r[19]) if r[19] else None,
         cwd=r[20],
         env=json.loads(r[21]) if r[21] else None,
@@ -138,16 +152,108 @@ def _row(r: Sequence[Any]) -> JobRecord:
     )
 
 
+def _queue_key(job: JobRecord) -> tuple[int, float, int]:
+    return (job.priority, job.position, job.id)
+
+
+class ActiveJobs:
+    """The QUEUED and SCHEDULED jobs as :meth:`JobTable.active` reads them (argv and env left
+    out), held by the writer: by id, the running ones apart, and the queued ones' ids in
+    (priority, position, id) order (an index, as SQL would keep one), so that a scheduling
+    pass reads as far into a long queue as it needs and no further. Records are replaced,
+    never changed in place: a record handed out stays what it was when read."""
+
+    def __init__(self, rows: Iterable[JobRecord] = ()) -> None:
+        self.jobs: dict[int, JobRecord] = {}
+        self.running: dict[int, JobRecord] = {}
+        self.queue: list[tuple[int, float, int]] = []  # (priority, position, id), sorted
+        self.zero_slot = 0  # queued jobs that need no slot
+        for job in rows:
+            self.put(job)
+
+    def put(self, job: JobRecord) -> None:
+        """Add or replace ``job`` (a row just read); an ended job leaves."""
+        self.drop(job.id)
+        if job.state == SCHEDULED:
+            self.running[job.id] = job
+        elif job.state == QUEUED:
+            insort(self.queue, _queue_key(job))
+            if job.slots_needed <= 0:
+                self.zero_slot += 1
+        else:
+            return
+        self.jobs[job.id] = job
+
+    def drop(self, job_id: int) -> None:
+        old = self.jobs.pop(job_id, None)
+        if old is None:
+            return
+        if old.state == SCHEDULED:
+            del self.running[job_id]
+            return
+        key = _queue_key(old)
+        i = bisect_left(self.queue, key)
+        assert self.queue[i] == key, f"job {job_id} missing from the queue index"
+        del self.queue[i]
+        if old.slots_needed <= 0:
+            self.zero_slot -= 1
+
+    def in_position_order(self) -> list[JobRecord]:
+        return sorted(self.jobs.values(), key=lambda j: (j.position, j.id))
+
+    def queued_in_order(self) -> Iterator[JobRecord]:
+        jobs = self.jobs
+        for key in self.queue:
+            yield jobs[key[2]]
+
+
 class JobTable:
     """Job rows in the store's database (the Store owns the connection)."""
 
     def __init__(self, conn: sqlite3.Connection, *, readonly: bool) -> None:
         self.conn = conn
+        # the writer's copy of the active jobs (None: read from SQL when next needed); a reader
+        # never has one
+        self._mirrored = not readonly
+        self._mirror: ActiveJobs | None = None
+        self._data_version: int | None = None
         if not readonly:
             conn.executescript(SCHEMA)
             columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
             if "preempt_acked" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
+
+    # -- the writer's copy of the active jobs ----------------------------------------------
+    def reload(self) -> None:
+        """Forget the in-memory copy; the next read takes it from SQL again. Call it when a
+        transaction that may have changed jobs rolls back."""
+        self._mirror = None
+
+    def _active_jobs(self) -> ActiveJobs:
+        """The copy, checked first: another connection's commit (a test, a repair by hand)
+        changes ``data_version`` and the copy is read again."""
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        mirror = self._mirror
+        if mirror is None or version != self._data_version:
+            rows = self.conn.execute(f"SELECT {_ACTIVE_COLS} FROM jobs WHERE {_ACTIVE}{_ORDER}")
+            mirror = self._mirror = ActiveJobs(_row(r) for r in rows)
+            self._data_version = version
+        return mirror
+
+    def _changed(self, rows: list[Any]) -> None:
+        """Rows that a change returned (``RETURNING`` the active columns): into the copy."""
+        mirror = self._mirror
+        if mirror is None:
+            return
+        for r in rows:
+            mirror.put(_row(r))
+
+    def _update(self, sql: str, args: Sequence[Any]) -> None:
+        """One UPDATE of the jobs table (ending in its WHERE clause), mirrored."""
+        if self._mirror is None:
+            self.conn.execute(sql, args)
+            return
+        self._changed(self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall())
 
     def create(
         self,
@@ -169,7 +275,7 @@ class JobTable:
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
             " experiment_id, trial_id, submitted_at, argv, cwd, env)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            " ?, ?, ?, ?, ?, ?, ?, ?)",
+            f" ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -186,8 +292,9 @@ class JobTable:
                 json.dumps(env) if env is not None else None,
             ),
         )
-        assert cur.lastrowid is not None
-        return int(cur.lastrowid)
+        rows = cur.fetchall()
+        self._changed(rows)
+        return int(rows[0][0])
 
     def get(self, job_id: int) -> JobRecord:
         r = self.conn.execute(f"SELECT {_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
@@ -201,10 +308,17 @@ class JobTable:
 
     def active(self) -> list[JobRecord]:
         """QUEUED and SCHEDULED jobs, in position order (argv and env left out)."""
-        rows = self.conn.execute(
-            f"SELECT {_ACTIVE_COLS} FROM jobs WHERE {_ACTIVE} ORDER BY position"
-        )
+        if self._mirrored:
+            return self._active_jobs().in_position_order()
+        rows = self.conn.execute(f"SELECT {_ACTIVE_COLS} FROM jobs WHERE {_ACTIVE}{_ORDER}")
         return [_row(r) for r in rows]
+
+    def scheduling_view(self) -> ActiveJobs:
+        """The active jobs for a scheduling pass: the writer's copy (a reader gets one read
+        now). Read it before changing any job: a change updates it in place."""
+        if self._mirrored:
+            return self._active_jobs()
+        return ActiveJobs(self.active())
 
     def list(self, *, include_done: bool = False, limit: int | None = None) -> list[JobRecord]:
         """Jobs in queue order for `job list` (env left out)."""
@@ -218,7 +332,7 @@ class JobTable:
 
     # -- state changes --------------------------------------------------------------------
     def requeue(self, job_id: int, *, priority: int | None = None) -> None:
-        self.conn.execute(
+        self._update(
             "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL, token=NULL,"
             " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL, preempt_acked=0"
             " WHERE id=?",
@@ -227,29 +341,29 @@ class JobTable:
 
     def allocate(self, job_id: int, slots: Iterable[int], token: str, run_id: int) -> None:
         """Durable before acting: the allocation is recorded before the process is spawned."""
-        self.conn.execute(
+        self._update(
             "UPDATE jobs SET state=?, slots=?, token=?, run_id=?, started_at=?, pid=NULL,"
             " pid_start=NULL, preempt_acked=0 WHERE id=?",
             (SCHEDULED, json.dumps(list(slots)), token, run_id, time.time(), job_id),
         )
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
-        self.conn.execute("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
+        self._update("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
 
     def finish(self, job_id: int, exit_code: int | None, message: str | None = None) -> None:
-        self.conn.execute(
+        self._update(
             "UPDATE jobs SET state=?, slots='[]', ended_at=?, exit_code=?, message=? WHERE id=?",
             (DONE, time.time(), exit_code, message, job_id),
         )
 
     def set_preempt_acked(self, job_id: int) -> None:
-        self.conn.execute("UPDATE jobs SET preempt_acked=1 WHERE id=?", (job_id,))
+        self._update("UPDATE jobs SET preempt_acked=1 WHERE id=?", (job_id,))
 
     def set_priority(self, job_id: int, priority: int) -> None:
-        self.conn.execute("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
+        self._update("UPDATE jobs SET priority=? WHERE id=?", (priority, job_id))
 
     def set_position(self, job_id: int, position: float) -> None:
-        self.conn.execute("UPDATE jobs SET position=? WHERE id=?", (position, job_id))
+        self._update("UPDATE jobs SET position=? WHERE id=?", (position, job_id))
 
     def neighbour_position(self, job_id: int, *, ahead: bool) -> float:
         """A position just ahead of (or behind) job_id among active jobs."""
