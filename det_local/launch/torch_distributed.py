@@ -69,7 +69,20 @@ def plan(argv: list[str]) -> tuple[list[str], dict[str, str], int]:
     port = _args.port("C10D_PORT", DEFAULT_C10D_PORT)
     cmd = create_launch_cmd(nproc, port, launch.overrides, launch.script)
     env = {"USE_TORCH_DISTRIBUTED": "1", "DET_CHIEF_IP": _args.chief_ip()}
+    env.update(_worker_threads(nproc))
     return cmd, env, nproc
+
+
+def _worker_threads(nproc: int) -> dict[str, str]:
+    """det-local gave the trial OMP_NUM_THREADS = its share of the cores (CPU slots): split it
+    among the workers, as torchrun would split a machine (it leaves a set value alone)."""
+    if os.environ.get("DET_LOCAL_OMP_DEFAULT") != "1" or nproc < 1:
+        return {}
+    try:
+        total = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, total // nproc))}
 
 
 def master_port(cmd: list[str]) -> int:

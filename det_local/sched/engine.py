@@ -36,6 +36,7 @@ from det_local.sched.plan import (
     check_entrypoint,
     config_env_vars,
     entrypoint_argv,
+    thread_env,
     trial_env,
 )
 from det_local.sched.policy import check_request
@@ -507,6 +508,9 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 user=job.user,
                 extra=_login_vars(identity)
                 + config_env_vars(config)
+                + thread_env(
+                    self.inventory.cpu_threads(len(slots)), os.environ, config_env_vars(config)
+                )
                 + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else [])
                 + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"]
                 + [f"{k}={v}" for k, v in port_env(ports).items()],

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,18 @@ def config_env_vars(config: dict[str, Any]) -> list[str]:
     if isinstance(env_vars, dict):
         env_vars = env_vars.get("cuda") or env_vars.get("cpu") or []
     return [str(v) for v in env_vars]
+
+
+OMP_DEFAULT_MARK = "DET_LOCAL_OMP_DEFAULT"  # set when det-local chose OMP_NUM_THREADS
+
+
+def thread_env(threads: int | None, *given: Iterable[str]) -> list[str]:
+    """OMP_NUM_THREADS=<threads> (and the mark saying det-local chose it) unless the user set
+    OMP_NUM_THREADS in any of `given` (environment names or K=V strings), or threads is None."""
+    if threads is None:
+        return []
+    for names in given:
+        for item in names:
+            if item.partition("=")[0] == "OMP_NUM_THREADS":
+                return []
+    return [f"OMP_NUM_THREADS={threads}", f"{OMP_DEFAULT_MARK}=1"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError, StateError, TrialError
 from det_local.sched import executor
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.plan import LaunchPlan, thread_env
 from det_local.sched.policy import (
     JobView,
     PolicyConfig,
@@ -334,6 +334,9 @@ class QueueMixin:
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
+        for item in thread_env(self.inventory.cpu_threads(len(job.slots)), env):
+            name, _, value = item.partition("=")
+            env[name] = value
         if job.kind != COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
             self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"])  # has it in its env
         plan = LaunchPlan(
