@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from conftest import Env
+from test_search_engine import ASHA
 
 from det_local.sched.follow import Follower
 from det_local.store.db import Store
@@ -174,22 +175,6 @@ with core.init() as ctx:
         if ctx.preempt.should_preempt():
             break
 """
-
-ASHA = {
-    "hyperparameters": {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}},
-    "searcher": {
-        "name": "adaptive_asha",
-        "metric": "loss",
-        "time_metric": "batches",
-        "max_time": 16,
-        "max_trials": 8,
-        "max_concurrent_trials": 2,
-        "mode": "aggressive",
-        "divisor": 2,
-        "max_rungs": 3,
-    },
-    "reproducibility": {"experiment_seed": 3},
-}
 
 
 def test_run_prints_progress_on_changes_only(dl: Env) -> None:

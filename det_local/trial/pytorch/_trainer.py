@@ -507,6 +507,26 @@ class _TrialController:
         self.checkpoint_timings = [] if checkpoint_timings is None else checkpoint_timings
 
     # ------------------------------------------------------------------ what subclasses change
+    def _set_validation_loader(
+        self, replicas: int, rank: int, checks_off: bool, *disable_hint: str
+    ) -> None:
+        """validation_loader from build_validation_data_loader(): sharded over the ranks when
+        evaluating by batch; on the chief alone for evaluate_full_dataset."""
+        validation_data = self.trial.build_validation_data_loader()
+        if not self.eval_by_batch and not self.is_chief:
+            self.validation_loader = None  # evaluate_full_dataset runs on the chief alone
+        elif isinstance(validation_data, DataLoader):
+            shards = (replicas, rank) if self.eval_by_batch else (1, 0)
+            self.validation_loader = validation_data.get_data_loader(
+                repeat=False, skip=0, num_replicas=shards[0], rank=shards[1]
+            )
+        elif checks_off:
+            self.validation_loader = validation_data
+        else:
+            raise dataset_repro_error(
+                "build_validation_data_loader", validation_data, self.name, *disable_hint
+            )
+
     def _check_trial(self) -> None:
         """The trial is one this loop trains, with what it must have wrapped."""
         check_trial(self.trial)
@@ -647,18 +667,7 @@ class _TrialController:
             )
         self.context._epoch_len = epoch_len
 
-        validation_data = self.trial.build_validation_data_loader()
-        if not self.eval_by_batch and not self.is_chief:
-            self.validation_loader = None  # evaluate_full_dataset runs on the chief alone
-        elif isinstance(validation_data, DataLoader):
-            shards = (size, rank) if self.eval_by_batch else (1, 0)
-            self.validation_loader = validation_data.get_data_loader(
-                repeat=False, skip=0, num_replicas=shards[0], rank=shards[1]
-            )
-        elif checks_off:
-            self.validation_loader = validation_data
-        else:
-            raise dataset_repro_error("build_validation_data_loader", validation_data, self.name)
+        self._set_validation_loader(size, rank, checks_off)
 
     # ------------------------------------------------------------------ training
     def _steps_until_complete(self, unit: TrainUnit) -> int:

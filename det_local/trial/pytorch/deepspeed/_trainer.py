@@ -292,20 +292,7 @@ class _DeepSpeedTrialController(_TrialController):
                 raise dataset_repro_error(
                     "build_training_data_loader", train_data, self.name, _DISABLE_CHECKS
                 )
-            validation_data = self.trial.build_validation_data_loader()
-            if not self.eval_by_batch and not self.is_chief:
-                self.validation_loader = None  # evaluate_full_dataset runs on the chief alone
-            elif isinstance(validation_data, DataLoader):
-                shards = (replicas, rank) if self.eval_by_batch else (1, 0)
-                self.validation_loader = validation_data.get_data_loader(
-                    repeat=False, skip=0, num_replicas=shards[0], rank=shards[1]
-                )
-            elif checks_off:
-                self.validation_loader = validation_data
-            else:
-                raise dataset_repro_error(
-                    "build_validation_data_loader", validation_data, self.name, _DISABLE_CHECKS
-                )
+            self._set_validation_loader(replicas, rank, checks_off, _DISABLE_CHECKS)
             try:
                 train_len = len(self.training_loader)
             except TypeError:
