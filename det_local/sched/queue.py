@@ -175,7 +175,7 @@ class QueueMixin:
 
     def _spawn(self: Engine, job: JobRecord, plan: LaunchPlan) -> executor.JobProc:
         """Spawn and watch a job's process; TrialError when it cannot start."""
-        job = self.store.jobs.get(job.id)
+        job = self.store.jobs.peek(job.id)  # as allocated: its run id
         exit_file = self.paths.job_exit_file(job.id, job.run_id)
         proc = executor.spawn(job.id, plan, exit_file)
         self.store.jobs.set_process(job.id, proc.pid, executor.start_time(proc.pid) or time.time())
@@ -214,7 +214,7 @@ class QueueMixin:
         executor.close(proc)
         executor.kill_group(proc.pid)  # no orphans: the group goes with its leader
         self._preempting.discard(job_id)
-        job = self.store.jobs.get(job_id)
+        job = self.store.jobs.peek(job_id)
         if job.kind == TRIAL:
             run = self.runs.get(job.trial_id or -1)
             if run is not None:

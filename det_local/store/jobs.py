@@ -302,6 +302,15 @@ class JobTable:
             raise NotFoundError(f"job {job_id} not found; `det-local job list` shows the queue")
         return _row(r)
 
+    def peek(self, job_id: int) -> JobRecord:
+        """An active job as the scheduler sees it (argv, env and cwd left out), from the
+        writer's copy; any other job as :meth:`get` reads it."""
+        if self._mirrored:
+            job = self._active_jobs().jobs.get(job_id)
+            if job is not None:
+                return job
+        return self.get(job_id)
+
     def for_trial(self, trial_id: int) -> JobRecord | None:
         r = self.conn.execute(f"SELECT {_COLS} FROM jobs WHERE trial_id=?", (trial_id,)).fetchone()
         return _row(r) if r else None
