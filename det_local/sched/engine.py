@@ -145,6 +145,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._spool_failed: str | None = None  # the last failure logged (logged once)
         self._spool_watch_close: Callable[[], None] | None = None
         self._spool_removing: set[str] = set()
+        self._spool_more_due = False
         self._spool_remover: Any = None
         self._foreign_held = False  # a slot is busy only because of a foreign process
         self._foreign_timer: asyncio.TimerHandle | None = None

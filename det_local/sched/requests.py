@@ -29,6 +29,7 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 
 
 SPOOL_SWEEP_S = 1.0
+SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn
 WATCH_DELAY_EMBEDDED_S = 0.3
 
 
@@ -66,6 +67,7 @@ class RequestsMixin:
     _spool_failed: str | None
     _spool_watch_close: Callable[[], None] | None  # stops the inotify watch of the spool
     _spool_removing: set[str]  # answered requests whose files are being removed
+    _spool_more_due: bool  # the rest of a long backlog is due at the loop's next turn
     _spool_remover: Any  # the remover thread's work queue, once started
 
     # ------------------------------------------------------------------ the watcher
@@ -162,9 +164,16 @@ class RequestsMixin:
                     self._schedule()
 
     def _process_pending(self: Engine) -> None:
+        taken = 0
         for path in spool.pending(self.paths):
             if path.name in self._spool_removing:
                 continue  # answered; its file is being removed
+            if taken == SPOOL_BATCH:
+                # the rest after one turn of the event loop: jobs that ended meanwhile are
+                # reaped and their slots handed on while a long backlog is being answered
+                self._spool_more()
+                return
+            taken += 1
             try:
                 self._process_request(path)
             except Exception as err:
@@ -179,6 +188,17 @@ class RequestsMixin:
                 self._retry_spool()
                 return
         self._spool_failed = None
+
+    def _spool_more(self: Engine) -> None:
+        if self._spool_more_due or self.loop is None:
+            return
+        self._spool_more_due = True
+
+        def more() -> None:
+            self._spool_more_due = False
+            self.process_spool()
+
+        self.loop.call_soon(more)
 
     def _retry_spool(self: Engine) -> None:
         if self._spool_retry is not None or self.loop is None:
