@@ -315,7 +315,8 @@ def test_bad_request_files_get_an_error_answer(dl: Env) -> None:
             assert f in str(err.value), (case, str(err.value))
         assert "\n" not in str(err.value), case
         # removed once answered (off the daemon's event loop: a moment after the answer)
-        wait_for(lambda: not (dl.paths.queue / f"{req_id}.req").exists(), what=case)
+        request = dl.paths.queue / f"{req_id}.req"
+        wait_for(lambda request=request: not request.exists(), what=case)
         assert dl.daemon_pid() == pid and not gone(pid), case
     assert dl.jobs() == []
     assert dl.wait_job(dl.cmd("true")).exit_code == 0
