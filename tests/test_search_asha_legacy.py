@@ -101,6 +101,20 @@ def test_promotion_single_rung_bracket() -> None:
     value_simulation(cfg, [constant("9000", m) for m in (0.05, 0.06, 0.07, 0.08)])
 
 
+def _small(max_trials: int):
+    """A 2-rung async_halving search of 8 batches, divisor 2, 2 trials at a time."""
+    return searcher(
+        {
+            "name": "async_halving",
+            "num_rungs": 2,
+            "max_length": {"batches": 8},
+            "max_trials": max_trials,
+            "divisor": 2,
+            "max_concurrent_trials": 2,
+        }
+    )
+
+
 def _rr(pattern: list[tuple[str, float]], times: int = 3):
     return [constant(ops, m) for _ in range(times) for ops, m in pattern]
 
@@ -288,16 +302,7 @@ def test_stop_once_trial_id_metric(length: dict, first: int) -> None:
 
 
 def test_promotion_initial_operations_and_pausing() -> None:
-    s = searcher(
-        {
-            "name": "async_halving",
-            "num_rungs": 2,
-            "max_length": {"batches": 8},
-            "max_trials": 4,
-            "divisor": 2,
-            "max_concurrent_trials": 2,
-        }
-    )
+    s = _small(max_trials=4)
     assert s.pauses_trials
     init = s.initial_actions()
     a, b = (c.request_id for c in creates(init))
@@ -319,16 +324,7 @@ def test_promotion_initial_operations_and_pausing() -> None:
 
 
 def test_closeout_closes_waiting_trials_once_rung0_is_full() -> None:
-    s = searcher(
-        {
-            "name": "async_halving",
-            "num_rungs": 2,
-            "max_length": {"batches": 8},
-            "max_trials": 2,
-            "divisor": 2,
-            "max_concurrent_trials": 2,
-        }
-    )
+    s = _small(max_trials=2)
     a, b = (c.request_id for c in creates(s.initial_actions()))
     s.on_op_completed(a, 4, 0.5)
     out = s.on_op_completed(b, 4, 0.9)
@@ -340,16 +336,7 @@ def test_closeout_closes_waiting_trials_once_rung0_is_full() -> None:
 
 def test_exit_without_consuming_operations_does_not_hang_the_search() -> None:
     # Code that never iterates searcher.operations() exits normally: it ranks as exited early
-    s = searcher(
-        {
-            "name": "async_halving",
-            "num_rungs": 2,
-            "max_length": {"batches": 8},
-            "max_trials": 2,
-            "divisor": 2,
-            "max_concurrent_trials": 2,
-        }
-    )
+    s = _small(max_trials=2)
     a, b = (c.request_id for c in creates(s.initial_actions()))
     s.on_trial_exited(a)
     out = s.on_trial_exited(b)
@@ -357,16 +344,7 @@ def test_exit_without_consuming_operations_does_not_hang_the_search() -> None:
 
 
 def test_invalid_hp_is_closed_and_replaced() -> None:
-    s = searcher(
-        {
-            "name": "async_halving",
-            "num_rungs": 2,
-            "max_length": {"batches": 8},
-            "max_trials": 2,
-            "divisor": 2,
-            "max_concurrent_trials": 2,
-        }
-    )
+    s = _small(max_trials=2)
     a, b = (c.request_id for c in creates(s.initial_actions()))
     out = s.on_trial_exited_early(a, "INVALID_HP")
     assert out[0] == Close(a)

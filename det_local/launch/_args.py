@@ -8,6 +8,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from det_local.errors import DetLocalError
 
@@ -184,3 +185,16 @@ def run_main(main: object, argv: list[str] | None = None) -> int:
         sys.stderr.write(f"det-local: error: {err}\n")
         sys.stderr.flush()
         return err.exit_code
+
+
+def json_env(name: str) -> dict[str, Any]:
+    """A JSON object det-local put in the environment (DET_HPARAMS, DET_EXPERIMENT_CONFIG);
+    {} when it is missing or not an object (a launcher run by hand)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

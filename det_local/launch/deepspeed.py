@@ -86,17 +86,6 @@ def _script_config(script: list[str]) -> str | None:
     return None
 
 
-def _hparams() -> dict[str, Any]:
-    raw = os.environ.get("DET_HPARAMS")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def merge_config(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`base` with the leaves of `over` written over it: a dict in both is merged key by key,
     anything else in `over` replaces (or adds) the value. Neither input is changed."""
@@ -111,7 +100,7 @@ def merge_config(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def find_config(script: list[str]) -> tuple[str, dict[str, Any]] | None:
     """(where, the DeepSpeed config) the workers will use, when det-local can tell."""
-    hparams = _hparams()
+    hparams = _args.json_env("DET_HPARAMS")
     name = _script_config(script)
     source = "--deepspeed_config"
     if name is None:

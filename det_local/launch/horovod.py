@@ -15,7 +15,6 @@ With ``--autohorovod`` a one-slot trial runs SCRIPT directly. Without Horovod in
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -34,17 +33,6 @@ NOT_INSTALLED = (
     "Horovod launcher is deprecated; launch with "
     "`python3 -m determined.launch.torch_distributed` instead (or pip install horovod)"
 )
-
-
-def _config() -> dict[str, Any]:
-    raw = os.environ.get("DET_EXPERIMENT_CONFIG")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def performance_args(optimizations: dict[str, Any]) -> list[str]:
@@ -106,7 +94,9 @@ def plan(argv: list[str]) -> tuple[list[str], dict[str, str], int]:
     if horovodrun is None:
         raise _args.LaunchError(NOT_INSTALLED)
     env["USE_HOROVOD"] = "1"
-    cmd = create_run_command(horovodrun, slots, _config(), launch.overrides)
+    cmd = create_run_command(
+        horovodrun, slots, _args.json_env("DET_EXPERIMENT_CONFIG"), launch.overrides
+    )
     return cmd + _args.worker_command(RANK_VARS, launch.script), env, slots
 
 
