@@ -29,14 +29,6 @@ from det_local.sched.plan import LaunchPlan
 # runs the trap only once the command has ended, so the status written is the command's.
 # POSIX sh (dash where /bin/sh is dash): half the start-up cost of bash, paid by every job.
 _WRAPPER = 'trap : TERM HUP INT QUIT\n"$@"\nr=$?\necho "$r" > "$0"\nexit $r\n'
-# what jobs started by det-local 0.1.0 before this change run under (still adopted)
-_OLD_WRAPPER = (
-    '( trap - INT QUIT; exec "$@" ) & c=$!\n'
-    "trap : TERM HUP INT\n"
-    "while :; do wait $c; r=$?; kill -0 $c 2>/dev/null || break; done\n"
-    'echo "$r" > "$0"\n'
-    "exit $r\n"
-)
 _SH = "/bin/sh" if os.access("/bin/sh", os.X_OK) else (shutil.which("bash") or "/bin/bash")
 
 
@@ -128,12 +120,7 @@ def find_wrapper(exit_file: Path) -> int | None:
     target = str(exit_file)
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info.get("cmdline") or []
-        if (
-            len(argv) > 3
-            and argv[1] == "-c"
-            and argv[2] in (_WRAPPER, _OLD_WRAPPER)
-            and argv[3] == target
-        ):
+        if len(argv) > 3 and argv[1] == "-c" and argv[2] == _WRAPPER and argv[3] == target:
             try:
                 if proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == proc.pid:
                     return proc.pid

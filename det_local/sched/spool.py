@@ -138,17 +138,6 @@ class AnswerWatch:
         time.sleep(min(self.delay, left))
         self.delay = min(self.delay * 1.5, 0.005)
 
-    def close(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
-            self.watch = None
-
-    def __enter__(self) -> AnswerWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 _WATCHES: dict[Path, AnswerWatch] = {}
 
