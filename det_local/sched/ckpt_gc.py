@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
+from det_local.store.records import CHECKPOINT_DELETED
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
@@ -220,14 +221,14 @@ def collect(
             keep.add(t.latest_checkpoint)
     doomed = select_for_deletion(cands, policy, keep)
     states = {c.uuid: c.state for c in store.list_checkpoints(experiment_id=experiment_id)}
-    newly = [u for u in doomed if states.get(u) != "DELETED"]
+    newly = [u for u in doomed if states.get(u) != CHECKPOINT_DELETED]
     if newly:
         store.mark_checkpoints_deleted(newly)  # committed before any file goes
     removed: list[str] = []
     failed: list[str] = []
     with executor.acting_as(**(identity or {})):
         for c in store.list_checkpoints(experiment_id=experiment_id):
-            if c.state != "DELETED":
+            if c.state != CHECKPOINT_DELETED:
                 continue
             path = _checkpoint_dir(c.uuid, c.path)
             if path is None:
@@ -243,7 +244,9 @@ def collect(
                 failed.append(f"{c.uuid}: {path}: {err.strerror or err}")
     store.set_checkpoint_gc(experiment_id, GC_DONE)
     kept = sum(
-        1 for c in store.list_checkpoints(experiment_id=experiment_id) if c.state != "DELETED"
+        1
+        for c in store.list_checkpoints(experiment_id=experiment_id)
+        if c.state != CHECKPOINT_DELETED
     )
     return GcResult(newly, removed, failed, kept)
 

@@ -49,6 +49,7 @@ from det_local.search.actions import Action, Close, Create, Shutdown, Stop, Vali
 from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
+from det_local.store.records import CHECKPOINT_DELETED
 from det_local.store.states import State
 
 KILL_GRACE = 10.0
@@ -343,7 +344,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         """A warm start's checkpoint must still have its files (checkpoint GC may have removed
         them when its experiment ended)."""
         ckpt = self.store.get_checkpoint(uuid)
-        if ckpt.state == "DELETED":
+        if ckpt.state == CHECKPOINT_DELETED:
             raise DetLocalError(
                 f"{field}: checkpoint {uuid} (trial {ckpt.trial_id}) was deleted by checkpoint "
                 f"GC when experiment {ckpt.experiment_id} ended; start from another one "

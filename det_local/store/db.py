@@ -16,7 +16,13 @@ from typing import Any
 
 from det_local.errors import NotFoundError
 from det_local.store.jobs import JobTable
-from det_local.store.records import CheckpointRecord, ExperimentRecord, MetricRecord, TrialRecord
+from det_local.store.records import (
+    CHECKPOINT_DELETED,
+    CheckpointRecord,
+    ExperimentRecord,
+    MetricRecord,
+    TrialRecord,
+)
 from det_local.store.states import TERMINAL, State, check_transition
 
 SCHEMA_VERSION = 1
@@ -413,13 +419,14 @@ class Store:
             )
 
     def mark_checkpoint_deleted(self, uuid: str) -> None:
-        self._write("UPDATE checkpoints SET state='DELETED' WHERE uuid=?", (uuid,))
+        self._write("UPDATE checkpoints SET state=? WHERE uuid=?", (CHECKPOINT_DELETED, uuid))
 
     def mark_checkpoints_deleted(self, uuids: Iterable[str]) -> None:
         """Mark these checkpoints DELETED, all in one commit (before their files go)."""
         with self.transaction():
             self.conn.executemany(
-                "UPDATE checkpoints SET state='DELETED' WHERE uuid=?", [(u,) for u in uuids]
+                "UPDATE checkpoints SET state=? WHERE uuid=?",
+                [(CHECKPOINT_DELETED, u) for u in uuids],
             )
 
     def warm_start_checkpoints(self) -> set[str]:

@@ -64,6 +64,9 @@ class TrialRecord:
         return json_safe(d)
 
 
+CHECKPOINT_DELETED = "DELETED"  # its files removed by checkpoint GC; the record stays
+
+
 @dataclass
 class CheckpointRecord:
     uuid: str
