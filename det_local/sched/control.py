@@ -27,8 +27,6 @@ def lock_free(paths: Paths) -> bool:
     needs only read access to the lock file, which a system-mode home gives everyone)."""
     import os
 
-    from det_local.sched.embedded import lock_free_fd
-
     try:
         fd = os.open(paths.run_dir / "engine.lock", os.O_RDONLY)
     except FileNotFoundError:
@@ -37,6 +35,20 @@ def lock_free(paths: Paths) -> bool:
         return lock_free_fd(fd)
     finally:
         os.close(fd)
+
+
+def lock_free_fd(fd: int) -> bool:
+    """Whether nobody holds the engine lock open as `fd` (a shared probe, released at once:
+    it needs only read access, so any user can tell whether the daemon runs). Here, not in
+    sched.embedded, so that a CLI request does not import asyncio to ask."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
 
 
 def retrying(paths: Paths, attempt: Callable[[], T]) -> T:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError
+from det_local.sched.control import lock_free_fd
 from det_local.sched.follow import Follower, summary
 from det_local.store.paths import Paths
 from det_local.store.states import State
@@ -62,17 +63,6 @@ class EngineLock:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def lock_free_fd(fd: int) -> bool:
-    """Whether nobody holds the engine lock open as `fd` (a shared probe, released at once:
-    it needs only read access, so any user can tell whether the daemon runs)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return True
 
 
 Finish = Callable[[Any, int, float], tuple[str, int]]
