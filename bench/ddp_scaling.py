@@ -23,12 +23,13 @@ validation and checkpoint are outside. A run's samples/s is 100 x 64 / its media
 burst of other work on a shared box spoils a window, not the run); speedup = samples/s at 2
 ranks / samples/s at 1 rank.
 
-Intra-op threads: OMP_NUM_THREADS is removed from the environment, so both ways get torchrun's
-own default (1 thread per worker at 2 ranks, torch's default, one per core, at 1 rank); with
---omp-threads N every worker of both ways gets OMP_NUM_THREADS=N instead. On a box shared with
-other work, 2 intra-op threads on 2 cores collapse when a core is taken away (OpenMP's barriers
-wait on the descheduled thread: 15x slower here), which swamps the 1-rank figures; then
---omp-threads 1 compares 1 core against 2 cores, steadily.
+Intra-op threads: every worker of both ways gets OMP_NUM_THREADS = one CPU slot's share of the
+cores (cores // 2 with the 2 CPU slots used here), which is what det-local itself gives a trial
+on CPU slots (a 1-slot trial: its share; a 2-slot trial: the whole machine split among its 2
+ranks); --omp-threads N sets another value for both. Without it the comparison would not be
+like for like: the raw 1-rank run would use every core while det-local's 1-slot trial holds
+half the machine. On a box shared with other work, 2 intra-op threads on 2 cores collapse when
+a core is taken away (OpenMP's barriers wait on the descheduled thread: 15x slower here).
 
 The four modes alternate, --runs times each after one dropped warm-up of each; the figures are
 medians. On a small CPU box the 2-rank speedup may be below 1 for both: the tiny MLP's gloo
@@ -226,11 +227,13 @@ def main() -> None:
         "--batches", type=int, default=1100, help="batches per run, a multiple of 100 over 100"
     )
     parser.add_argument(
-        "--omp-threads", type=int, help="OMP_NUM_THREADS for every worker (default: torchrun's)"
+        "--omp-threads",
+        type=int,
+        help="OMP_NUM_THREADS for every worker (default: one CPU slot's share, cores // 2)",
     )
     args = parser.parse_args()
     global OMP_THREADS
-    OMP_THREADS = args.omp_threads
+    OMP_THREADS = args.omp_threads or max(1, (os.cpu_count() or 1) // 2)
     if args.batches % 100 or args.batches <= WARMUP_BATCHES:
         parser.error("--batches must be a multiple of 100, more than 100")
     with tempfile.TemporaryDirectory(prefix="det-local-bench-ddp-") as tmp:
@@ -273,7 +276,7 @@ def main() -> None:
         "timed_batches": args.batches - WARMUP_BATCHES,
         "window_batches": WINDOW,
         "runs": args.runs,
-        "omp_threads": args.omp_threads,
+        "omp_threads": OMP_THREADS,
         "cpus": os.cpu_count(),
         "target_met": det_speedup >= 0.95 * raw_speedup,
     }
