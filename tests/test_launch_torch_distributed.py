@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from det_local.launch import legacy_trial_argv, torch_distributed
+from det_local.launch import ports as ports_mod
 from det_local.launch._args import LaunchError
 from det_local.launch.ports import PORT_VARS, allocate_ports
 
@@ -310,6 +311,43 @@ def test_allocate_ports() -> None:
     second = allocate_ports(in_use=first.values())
     assert not set(second.values()) & set(first.values())
     assert all(re.fullmatch(r"\d+", str(p)) for p in second.values())
+
+
+def test_allocated_ports_lie_below_the_ephemeral_range() -> None:
+    """The kernel hands released ephemeral ports to the next bind(0)/connect() (gloo binds several
+    per rank), so det-local's ports come from below that range, where nobody gets them by chance."""
+    low, _ = ports_mod.ephemeral_range()
+    for _ in range(20):
+        ports = allocate_ports()
+        assert all(ports_mod._LOWEST <= p < low for p in ports.values()), ports
+        assert not set(ports.values()) & set(ports_mod.DEFAULTS.values())
+
+
+def test_allocate_ports_skips_a_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    busy = holder.getsockname()[1]
+    real = ports_mod._candidates
+    monkeypatch.setattr(ports_mod, "_candidates", lambda avoid: [busy] + (real(avoid) or []))
+    try:
+        assert busy not in allocate_ports().values()
+    finally:
+        holder.close()
+
+
+def test_allocate_ports_falls_back_to_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An ephemeral range that starts low leaves no room below it: the kernel picks."""
+    (tmp_path / "range").write_text("1024\t65535\n")
+    monkeypatch.setattr(ports_mod, "_RANGE_FILE", tmp_path / "range")
+    assert ports_mod.ephemeral_range() == (1024, 65535)
+    ports = allocate_ports()
+    assert len(set(ports.values())) == 4
+    assert all(1024 <= p <= 65535 for p in ports.values())
+    (tmp_path / "range").write_text("garbage")
+    assert ports_mod.ephemeral_range() == (32768, 60999)
 
 
 def test_rendezvous_port_in_use(tmp_path: Path) -> None:

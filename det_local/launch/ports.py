@@ -5,24 +5,29 @@ Determined's master hands every allocation its own ``DTRAIN_SSH_PORT``,
 agent never collide. det-local's engine calls :func:`allocate_ports` when it starts a trial and
 puts the result in the trial's environment (and its launch plan).
 
-How: bind port 0 on 127.0.0.1 once per port (the kernel picks a free one), holding every socket
-until all are chosen so the ports are distinct, then close them and return the numbers.
+How: pick candidates at random *below the kernel's ephemeral range*
+(``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default) and keep each one that can be
+bound on every interface, holding the sockets until all are chosen so the ports are distinct.
 
-The race, and why it is acceptable: between this function closing its sockets and the trial
-binding the ports (a second or two later: torchrun's store on C10D_PORT, the chief's hub on
-INTER_TRAIN_PROCESS_COMM_PORT_1) another process may take one of them. The kernel hands out
-ephemeral ports in rotation, so reuse within seconds is unlikely, and ``in_use`` lets the engine
-exclude the ports of trials it is still running (which are bound for the life of the trial, so
-the kernel would not hand them out anyway, but may be between runs). If it does happen, the
-trial fails at start with a message naming the port ("cannot listen on 127.0.0.1:N" /
-torchrun's "address already in use") and is restarted with fresh ports like any other failed
-start (max_restarts).
+Why below that range: between this function closing its sockets and the trial binding the ports
+(a second or two later: torchrun's store on C10D_PORT, the chief's hub on
+INTER_TRAIN_PROCESS_COMM_PORT_1) another process could take one. The kernel hands out ephemeral
+ports to every ``bind(("", 0))`` and outgoing ``connect()`` on the machine -- gloo alone binds a
+few per rank while a trial starts -- so a port the kernel chose for us and we released can be
+handed straight to the next caller. A port outside the range is taken only by a program that
+asks for that exact number. ``in_use`` lets the engine exclude the ports of trials it is still
+running. Should a collision still happen, the trial fails at start with a message naming the
+port ("cannot listen on 127.0.0.1:N" / "the rendezvous port C10D_PORT=N is in use") and is
+restarted with fresh ports like any other failed start (max_restarts). Where the ephemeral range
+leaves too little room below it, the kernel picks (port 0), as before.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Collection
+from pathlib import Path
 
 #: the environment variables a trial's launchers read, in Determined's names
 PORT_VARS = (
@@ -40,22 +45,64 @@ DEFAULTS = {
     "DTRAIN_SSH_PORT": 12350,
 }
 
-_ATTEMPTS = 64
+_ATTEMPTS = 256
+#: the lowest port handed out: above the registered services most labs run (and Determined's
+#: fixed defaults sit in DEFAULTS, which are skipped too)
+_LOWEST = 15000
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
-def allocate_ports(in_use: Collection[int] = (), host: str = "127.0.0.1") -> dict[str, int]:
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (low, high); Linux's default where it cannot be read."""
+    try:
+        low, high = (int(part) for part in _RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _candidates(avoid: set[int]) -> list[int] | None:
+    """Ports to try, in random order, below the ephemeral range; None if there is too little room."""
+    low, _ = ephemeral_range()
+    if low - _LOWEST < 1024:
+        return None
+    rng = random.SystemRandom()
+    picks: list[int] = []
+    while len(picks) < _ATTEMPTS:
+        port = rng.randrange(_LOWEST, low)
+        if port not in avoid and port not in picks:
+            picks.append(port)
+    return picks
+
+
+def _try_bind(host: str, port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def allocate_ports(in_use: Collection[int] = (), host: str = "0.0.0.0") -> dict[str, int]:
     """Four distinct free TCP ports, as {variable name: port} (see the module docstring).
 
-    ``in_use``: ports to avoid (e.g. those of the trials the engine is running)."""
+    ``in_use``: ports to avoid (e.g. those of the trials the engine is running). ``host``: where
+    each candidate must be bindable; the default, every interface, also rejects a port that some
+    program holds on one address only."""
     held: list[socket.socket] = []
     ports: list[int] = []
-    avoid = set(in_use)
+    avoid = set(in_use) | set(DEFAULTS.values())
+    avoid |= {DEFAULTS["INTER_TRAIN_PROCESS_COMM_PORT_1"] + 16}
+    candidates = _candidates(avoid)
     try:
-        for _ in range(_ATTEMPTS):
+        for index in range(_ATTEMPTS):
             if len(ports) == len(PORT_VARS):
                 break
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
+            sock = _try_bind(host, 0 if candidates is None else candidates[index])
+            if sock is None:
+                continue
             held.append(sock)
             port = sock.getsockname()[1]
             if port not in avoid and port not in ports:
