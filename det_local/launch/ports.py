@@ -62,7 +62,7 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def _candidates(avoid: set[int]) -> list[int] | None:
-    """Ports to try, in random order, below the ephemeral range; None if there is too little room."""
+    """Ports to try, in random order, below the ephemeral range; None if it leaves no room."""
     low, _ = ephemeral_range()
     if low - _LOWEST < 1024:
         return None
