@@ -719,10 +719,9 @@ def test_checkpoint_layout(storage: Path) -> None:
 
 
 def test_ddp_module_prefix_is_fixed_both_ways() -> None:
-    import socket
-
     import torch.distributed as dist
 
+    from det_local.launch.ports import free_port
     from det_local.trial.pytorch._checkpoint import load_models
 
     plain = torch.nn.Linear(2, 1)
@@ -731,9 +730,7 @@ def test_ddp_module_prefix_is_fixed_both_ways() -> None:
     load_models([plain], {"models_state_dict": [ddp_style]}, "checkpoint x", None, object)
     assert torch.equal(plain.weight, source.weight)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         wrapped = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))

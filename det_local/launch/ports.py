@@ -115,6 +115,11 @@ def allocate_ports(in_use: Collection[int] = (), host: str = "0.0.0.0") -> dict[
     return dict(zip(PORT_VARS, ports, strict=True))
 
 
+def free_port() -> int:
+    """One free TCP port, chosen as :func:`allocate_ports` chooses (below the ephemeral range)."""
+    return allocate_ports()["C10D_PORT"]
+
+
 def port_env(ports: dict[str, int]) -> dict[str, str]:
     """The ports as environment variables (strings)."""
     return {name: str(port) for name, port in ports.items()}

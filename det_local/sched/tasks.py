@@ -13,12 +13,12 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from typing import Any
 
 from det_local.errors import DetLocalError
+from det_local.launch.ports import free_port
 from det_local.sched.spool import user_name
 from det_local.store.paths import Paths
 
@@ -93,12 +93,6 @@ def shell(paths: Paths, *, slots: int, priority: int) -> int:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(
     paths: Paths, kind: str, argv: list[str], name: str, slots: int, url: str
 ) -> tuple[int, str]:
@@ -126,7 +120,7 @@ def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
             "notebook start needs Jupyter, which is not installed: `pip install jupyterlab`, "
             "then try again"
         )
-    port = _free_port()
+    port = free_port()
     token = secrets.token_hex(16)
     argv = [
         exe,
@@ -166,7 +160,7 @@ def tensorboard(paths: Paths, experiment_ids: list[int]) -> tuple[int, str]:
         store.close()
     if not dirs:
         raise DetLocalError(f"experiment(s) {experiment_ids} have no trials to show yet")
-    port = _free_port()
+    port = free_port()
     argv = [exe, f"--logdir_spec={','.join(dirs)}", "--host=127.0.0.1", f"--port={port}"]
     name = "tensorboard " + " ".join(str(e) for e in experiment_ids)
     return _serve(paths, "TENSORBOARD", argv, name, 0, f"http://127.0.0.1:{port}/")

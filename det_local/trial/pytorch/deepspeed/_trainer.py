@@ -26,7 +26,6 @@ import logging
 import math
 import numbers
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ import torch
 
 from det_local import __version__
 from det_local.errors import CheckpointError
+from det_local.launch.ports import free_port
 from det_local.trial import InvalidHP
 from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._callback import PyTorchCallback
@@ -57,12 +57,6 @@ _LOADER_BATCHES = "det_local_loader_batches"  # trial_state.pkl: loader batches 
 
 
 # ---------------------------------------------------------------------------- init()
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _one_process_world(port: int | None) -> None:
     """The variables DeepSpeed's init_distributed() reads, for a world of this process alone
     (no launcher set them)."""
@@ -74,7 +68,7 @@ def _one_process_world(port: int | None) -> None:
         "CROSS_RANK": "0",
         "CROSS_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port or _free_port()),
+        "MASTER_PORT": str(port or free_port()),
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
