@@ -12,13 +12,14 @@ from det_local.trial.pytorch.deepspeed._mpu import ModelParallelUnit, make_data_
 
 logger = logging.getLogger("determined.pytorch.deepspeed")
 
-# optimizations.* a DeepSpeedTrial ignores, with their defaults (DeepSpeed's config has its own)
+# optimizations.* a DeepSpeedTrial ignores, with their expconf defaults (DeepSpeed's config has
+# its own): a config with its defaults filled in warns about none of them
 _IGNORED_OPTIMIZATIONS = {
     "average_aggregated_gradients": True,
     "gradient_compression": False,
     "tensor_fusion_threshold": 64,
-    "tensor_fusion_cycle_time": 5,
-    "autotune_tensor_fusion": False,
+    "tensor_fusion_cycle_time": 1,
+    "auto_tune_tensor_fusion": False,
 }
 
 
