@@ -8,12 +8,15 @@ disable_auto_grad_accumulation() and overwrite_deepspeed_config(). Skipped witho
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Env, wait_for
+from conftest import COMPAT, REPO, Env, wait_for
 
 from det_local.store.states import State
 
@@ -106,6 +109,88 @@ def test_legacy_deepspeed_trial_pauses_and_resumes(dl: Env) -> None:
     load_data = json.loads((last / "load_data.json").read_text())
     assert load_data["trial_type"] == "DeepSpeedTrial"
     assert load_data["trial_cls_spec"] == "model_def:LinearDS" and "is_trainer" not in load_data
+
+
+# Loads a checkpoint in a fresh process (DeepSpeed's process group and the environment it sets
+# stay out of the test process) and prints what the tests check, as JSON.
+LOAD_SCRIPT = """\
+import json, sys
+import torch
+from determined import pytorch
+from determined.pytorch import deepspeed as det_ds
+
+path = sys.argv[1]
+trial = pytorch.load_trial_from_checkpoint_path(path)
+saved = torch.load(f"{path}/model0/mp_rank_00_model_states.pt", weights_only=False)["module"]
+live = trial.engine.module.state_dict()
+loader = trial.build_validation_data_loader().get_data_loader()
+it = iter(loader)
+with torch.no_grad():
+    val = [float(trial.evaluate_batch(it, i)["val_loss"]) for i in range(len(loader))]
+print(json.dumps({
+    "class": type(trial).__name__,
+    "context": isinstance(trial.context, det_ds.DeepSpeedTrialContext),
+    "keys": sorted(live) == sorted(saved),
+    "equal": all(torch.equal(live[k], saved[k]) for k in saved),
+    "val_loss": sum(val) / len(val),
+}))
+"""
+
+
+def load_in_new_process(dl: Env, path: Path) -> dict[str, Any]:
+    env = dict(dl.env, PYTHONPATH=os.pathsep.join([str(COMPAT), str(REPO)]))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    p = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, str(path)],
+        env=env,
+        cwd=dl.tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("entrypoint", ["model_def:LinearDS", "python3 model_def.py"])
+def test_load_trial_from_checkpoint_path_rebuilds_a_deepspeed_trial(
+    dl: Env, entrypoint: str
+) -> None:
+    # a legacy Trial-class checkpoint and a Trainer-API one (its class defined in the
+    # entrypoint script, imported back from code/model_def.py)
+    cfg, ctx = context(dl, config(dl, entrypoint, 3, record=""))
+    r = dl.det("run", cfg, ctx)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    # the config's defaulted optimizations.* (tensor_fusion_cycle_time: 1, ...) warn about nothing
+    assert "is ignored: it does not apply" not in dl.log(1, 1)
+    last = Path(dl.checkpoints(1)[-1].path)
+    load_data = json.loads((last / "load_data.json").read_text())
+    assert load_data["trial_type"] == "DeepSpeedTrial"
+    assert load_data.get("trial_in_main", False) == (entrypoint == "python3 model_def.py")
+    loaded = load_in_new_process(dl, last)
+    assert loaded["class"] == "LinearDS" and loaded["context"]
+    # the engine's weights are the checkpoint's, and evaluate to the loss the trial reported
+    # at that step
+    assert loaded["keys"] and loaded["equal"], loaded
+    [reported] = [m.metrics["val_loss"] for m in dl.metrics(1, "validation")]
+    assert loaded["val_loss"] == pytest.approx(reported, rel=1e-5), (loaded, reported)
+
+
+def test_load_trial_from_checkpoint_path_refuses_the_wrong_trial_type(tmp_path: Path) -> None:
+    from det_local.errors import CheckpointError
+    from det_local.trial import pytorch
+
+    class NotDeepSpeed(pytorch.PyTorchTrial):
+        def __init__(self, context: Any) -> None:
+            raise AssertionError("not built: the checkpoint is refused first")
+
+    (tmp_path / "load_data.json").write_text(
+        json.dumps({"trial_type": "DeepSpeedTrial", "trial_cls_spec": "model_def:LinearDS"})
+    )
+    with pytest.raises(CheckpointError, match="was written by a DeepSpeedTrial") as err:
+        pytorch.load_trial_from_checkpoint_path(tmp_path, trial_class=NotDeepSpeed)
+    assert "\n" not in str(err.value)
 
 
 def test_trainer_api_script_manual_accumulation_and_overwritten_config(dl: Env) -> None:

@@ -87,17 +87,22 @@ class DeepSpeedTrial(metaclass=abc.ABCMeta):
         """Restore what save() wrote; called on every rank. Default:
         ``engine.load_checkpoint(path, tag=f"model{i}")`` for each wrapped engine."""
         for i, engine in enumerate(context.models):
-            try:
-                loaded = engine.load_checkpoint(path, tag=f"model{i}")
-            except AssertionError as err:  # DeepSpeed's checks are bare asserts
-                detail = f": {err}" if str(err) else ""
-                raise CheckpointError(
-                    f"DeepSpeed could not load engine {i} from {path}/model{i}{detail}; the "
-                    "checkpoint was written with a different model, DeepSpeed config or slot "
-                    "count"
-                ) from None
-            if isinstance(loaded, tuple) and loaded and loaded[0] is None:
-                raise CheckpointError(
-                    f"DeepSpeed found no checkpoint for engine {i} in {path}/model{i}; was it "
-                    "written by a trial with the same number of engines?"
-                )
+            load_engine(engine, i, path)
+
+
+def load_engine(engine: Any, index: int, path: pathlib.Path, **kwargs: Any) -> None:
+    """``engine.load_checkpoint(path, tag=f"model{index}", **kwargs)``, DeepSpeed's failures
+    (bare asserts, a None load path) raised as one-line CheckpointErrors."""
+    try:
+        loaded = engine.load_checkpoint(path, tag=f"model{index}", **kwargs)
+    except AssertionError as err:  # DeepSpeed's checks are bare asserts
+        detail = f": {err}" if str(err) else ""
+        raise CheckpointError(
+            f"DeepSpeed could not load engine {index} from {path}/model{index}{detail}; the "
+            "checkpoint was written with a different model, DeepSpeed config or slot count"
+        ) from None
+    if isinstance(loaded, tuple) and loaded and loaded[0] is None:
+        raise CheckpointError(
+            f"DeepSpeed found no checkpoint for engine {index} in {path}/model{index}; was it "
+            "written by a trial with the same number of engines?"
+        )

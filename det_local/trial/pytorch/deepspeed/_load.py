@@ -1,0 +1,95 @@
+"""A DeepSpeedTrial rebuilt from one of its checkpoints, outside training: what
+``pytorch.load_trial_from_checkpoint_path`` does with a checkpoint a DeepSpeedTrial wrote.
+
+Determined 0.38's loader handles PyTorchTrial checkpoints only (on a DeepSpeedTrial's it warns,
+builds the trial with a PyTorchTrialContext and fails); det-local builds the trial with a
+DeepSpeedTrialContext in a world of this process alone (DeepSpeed needs a process group to
+build an engine) and loads each engine's weights from the checkpoint's ``model<i>`` tag."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from det_local.errors import CheckpointError
+from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
+from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial, load_engine
+
+logger = logging.getLogger("determined.pytorch.deepspeed")
+
+
+class _CheckpointLoadContext(DeepSpeedTrialContext):
+    """A DeepSpeedTrialContext for building a trial outside training: nothing is reported."""
+
+
+def checkpoint_load_context(
+    hparams: dict[str, Any] | None, exp_conf: dict[str, Any] | None
+) -> DeepSpeedTrialContext:
+    """The context to build a DeepSpeedTrial with, after making sure DeepSpeed has a process
+    group (the launcher's world when this process runs under one, else a world of one)."""
+    from det_local.trial.pytorch._checkpoint import _dummy_core
+    from det_local.trial.pytorch.deepspeed._trainer import _local_distributed
+
+    _local_distributed()
+    return _CheckpointLoadContext(
+        core_context=_dummy_core(),
+        trial_seed=0,
+        hparams=hparams,
+        slots_per_trial=1,
+        num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        exp_conf=exp_conf,
+        steps_completed=0,
+        managed_training=False,
+        debug_enabled=False,
+    )
+
+
+@contextlib.contextmanager
+def in_dir(path: Path) -> Iterator[None]:
+    """`path` as the working directory meanwhile (nothing changes when it is not a directory:
+    a checkpoint written without code/)."""
+    if not path.is_dir():
+        yield
+        return
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def load_weights(trial: Any, context: DeepSpeedTrialContext, ckpt_dir: Path, where: str) -> None:
+    """Each wrapped engine's module weights from ckpt_dir/model<i> (the optimizer and LR
+    scheduler are left as built, as the PyTorchTrial loader does); a trial that overrides
+    load() restores its own way, with load(context, ckpt_dir)."""
+    if not context.models:
+        raise CheckpointError(
+            f"{where}: {type(trial).__name__} wrapped no model engine when built; its __init__ "
+            "must call context.wrap_model_engine(engine)"
+        )
+    if type(trial).load is not DeepSpeedTrial.load:
+        trial.load(context, ckpt_dir)
+        return
+    for i, engine in enumerate(context.models):
+        if not (ckpt_dir / f"model{i}").is_dir():
+            found = sorted(p.name for p in ckpt_dir.iterdir() if p.name.startswith("model"))
+            raise CheckpointError(
+                f"{where} has no model{i} (it holds {found or 'no model<i> tags'}): it was "
+                f"written by a trial with fewer engines than the {len(context.models)} "
+                f"{type(trial).__name__} wraps"
+            )
+        load_engine(
+            engine,
+            i,
+            ckpt_dir,
+            load_optimizer_states=False,
+            load_lr_scheduler_states=False,
+            load_module_only=True,
+        )
