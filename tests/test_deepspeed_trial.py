@@ -137,11 +137,11 @@ print(json.dumps({
 """
 
 
-def load_in_new_process(dl: Env, path: Path) -> dict[str, Any]:
+def run_loader(dl: Env, path: Path) -> subprocess.CompletedProcess[str]:
     env = dict(dl.env, PYTHONPATH=os.pathsep.join([str(COMPAT), str(REPO)]))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    p = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", LOAD_SCRIPT, str(path)],
         env=env,
         cwd=dl.tmp,
@@ -149,6 +149,10 @@ def load_in_new_process(dl: Env, path: Path) -> dict[str, Any]:
         text=True,
         timeout=120,
     )
+
+
+def load_in_new_process(dl: Env, path: Path) -> dict[str, Any]:
+    p = run_loader(dl, path)
     assert p.returncode == 0, p.stderr[-3000:]
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
 

@@ -683,11 +683,12 @@ def load_trial_from_checkpoint_path(
                 ) from err
         deepspeed = _is_deepspeed_trial(trial_class, saved_type, spec, where)
         if deepspeed:
-            from det_local.trial.pytorch.deepspeed._load import checkpoint_load_context, in_dir
+            from det_local.trial.pytorch.deepspeed import _load
 
-            context = checkpoint_load_context(hparams, exp_conf)
+            context = _load.checkpoint_load_context(hparams, exp_conf)
             # built in code/, where its __init__ finds the DeepSpeed config file it trained with
-            stack.enter_context(in_dir(ckpt_dir / "code"))
+            stack.enter_context(_load.in_dir(ckpt_dir / "code"))
+            stack.enter_context(_load.building(trial_class, exp_conf, where))
         else:
             context = CheckpointLoadContext(hparams, exp_conf)
         trial = trial_class(context, **(trial_kwargs or {}))

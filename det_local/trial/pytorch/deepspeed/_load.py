@@ -65,6 +65,29 @@ def in_dir(path: Path) -> Iterator[None]:
         os.chdir(before)
 
 
+@contextlib.contextmanager
+def building(cls: type, exp_conf: dict[str, Any] | None, where: str) -> Iterator[None]:
+    """Around the trial's constructor: DeepSpeed's refusal of a config whose train_batch_size
+    was fixed for the world the trial trained in becomes one line saying what to change."""
+    try:
+        yield
+    except AssertionError as err:
+        text = " ".join(str(err).split())
+        if "train_batch_size is not equal to" not in text:
+            raise
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        slots = ((exp_conf or {}).get("resources") or {}).get("slots_per_trial") or "its"
+        raise CheckpointError(
+            f"{where}: {cls.__name__} cannot build its DeepSpeed engine in this world of {world} "
+            f"process(es) ({text}): its DeepSpeed config fixes train_batch_size for the {slots} "
+            "slots it trained on; leave train_batch_size out of the DeepSpeed config (DeepSpeed "
+            "derives it from train_micro_batch_size_per_gpu, gradient_accumulation_steps and "
+            "the world size)"
+        ) from None
+
+
 def load_weights(trial: Any, context: DeepSpeedTrialContext, ckpt_dir: Path, where: str) -> None:
     """Each wrapped engine's module weights from ckpt_dir/model<i> (the optimizer and LR
     scheduler are left as built, as the PyTorchTrial loader does); a trial that overrides
