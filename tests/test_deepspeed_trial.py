@@ -197,6 +197,39 @@ def test_load_trial_from_checkpoint_path_refuses_the_wrong_trial_type(tmp_path: 
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("entrypoint", ["model_def:LinearDS", "python3 model_def.py"])
+def test_run_test_mode_trains_validates_checkpoints_and_restores(dl: Env, entrypoint: str) -> None:
+    # `det-local run --test`: one batch (gradient_accumulation_steps train_batch() calls),
+    # validation, a checkpoint of DeepSpeed's files; then a new process loads that checkpoint
+    # into the engine and trains one batch more
+    cfg, ctx = context(dl, config(dl, entrypoint, 50))
+    r = dl.det("run", "--test", cfg, ctx)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    assert "Test mode: PASSED" in r.out, r.out
+    assert steps(dl, 1, "training") == steps(dl, 1, "validation") == [1, 2]
+    ckpts = dl.checkpoints(1)
+    assert [c.steps_completed for c in ckpts] == [1, 2]
+    assert all((Path(c.path) / "model0").is_dir() for c in ckpts)
+    rows = records(dl)
+    assert [(r["run"], r["batch"], r["global_steps"]) for r in rows] == [
+        ("1", 0, 0),
+        ("1", 0, 1),
+        ("2", 1, 1),  # the restored engine goes on from the checkpoint's step
+        ("2", 1, 2),
+    ]
+    assert "Traceback" not in dl.log(1, 1)
+
+
+def test_pytest_plugin_runs_a_deepspeed_config_in_test_mode(dl: Env) -> None:
+    from test_testmode import _pytest
+
+    cfg, _ = context(dl, config(dl, "model_def:LinearDS", 50))
+    proc = _pytest(dl.tmp, "--det-configs", str(cfg), "--rootdir", str(dl.tmp))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "1 passed" in out, out
+    assert [(r["run"], r["batch"]) for r in records(dl)] == [("1", 0), ("1", 0), ("2", 1), ("2", 1)]
+
+
 def test_trainer_api_script_manual_accumulation_and_overwritten_config(dl: Env) -> None:
     # overwrite_deepspeed_args changes two leaves (3 micro-batches of 2 per batch) and keeps
     # the rest of ds_config.json (micro-batch size, optimizer)
