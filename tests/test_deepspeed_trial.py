@@ -230,6 +230,38 @@ def test_pytest_plugin_runs_a_deepspeed_config_in_test_mode(dl: Env) -> None:
     assert [(r["run"], r["batch"]) for r in records(dl)] == [("1", 0), ("1", 0), ("2", 1), ("2", 1)]
 
 
+@pytest.mark.parametrize(
+    "field", ["searcher.max_length", "min_validation_period", "min_checkpoint_period"]
+)
+def test_epoch_lengths_without_records_per_epoch_fail_in_the_trial_in_one_line(
+    dl: Env, field: str
+) -> None:
+    # Determined (0.37 and 0.38) accepts such a config at submission: `config check` does too.
+    # A legacy DeepSpeedTrial class then needs records_per_epoch to count epochs (0.37's
+    # workload sequencer raised "records_per_epoch must be specified ..." in the trial): the
+    # trial fails with one line naming the field, before any engine trains.
+    cfg_dict = config(dl, "model_def:LinearDS", 6)
+    if field == "searcher.max_length":
+        cfg_dict["searcher"]["max_length"] = {"epochs": 1}
+    else:
+        cfg_dict[field] = {"epochs": 1}
+    cfg, ctx = context(dl, cfg_dict)
+    r = dl.det("config", "check", cfg, ctx)
+    assert r.rc == 0, r
+    r = dl.det("run", cfg, ctx)
+    assert r.rc == 1, r
+    assert dl.trial(1).state == State.ERROR
+    log = dl.log(1, 1)
+    errors = [line for line in log.splitlines() if "det-local: error:" in line]
+    assert len(errors) == 1, log[-3000:]
+    assert errors[0].endswith(
+        f"det-local: error: {field} is {{epochs: 1}}: a DeepSpeedTrial class counts epochs in "
+        "records, so the config needs records_per_epoch (e.g. 'records_per_epoch: 50000'), or "
+        "give the length in batches"
+    ), errors
+    assert "Traceback" not in log and not (dl.tmp / "record.jsonl").exists()
+
+
 def test_trainer_api_script_manual_accumulation_and_overwritten_config(dl: Env) -> None:
     # overwrite_deepspeed_args changes two leaves (3 micro-batches of 2 per batch) and keeps
     # the rest of ds_config.json (micro-batch size, optimizer)
