@@ -8,8 +8,10 @@ import random
 import sqlite3
 import uuid as uuidlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import wait_for
 
 from det_local.sched.ckpt_gc import Candidate, GcPolicy, candidates_of, collect, select_for_deletion
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
@@ -342,3 +344,76 @@ def test_old_databases_leave_experiments_that_already_ended_alone(tmp_path: Path
     assert store.checkpoint_gc_pending() == [running]
     store.close()
     Store(db).close()  # opening again migrates nothing
+
+
+# ---------------------------------------------------------------------------- in the engine
+def test_the_engine_removes_files_off_its_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting large checkpoints takes a while: the engine marks them on its loop, removes the
+    files on a worker thread and goes on answering requests meanwhile; the experiment counts as
+    work in progress (an embedded run waits) until GC is recorded done. The real removal runs,
+    held at its start until the test has seen the engine answer."""
+    import asyncio
+    import threading
+
+    from det_local.sched import ckpt_gc, spool
+    from det_local.sched.engine import Engine
+    from det_local.store.paths import Paths
+
+    monkeypatch.setenv("DET_LOCAL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DET_LOCAL_CPU_SLOTS", "1")
+    monkeypatch.setenv("DET_LOCAL_FAKE_GPUS", "0")
+    paths = Paths.from_env()
+    engine = Engine(paths, offline=True, out=lambda line: None)
+    store = engine.store
+    exp = store.create_experiment(name="e", config={"searcher": {"name": "single", "metric": "x"}})
+    trial = store.create_trial(exp, hparams={}, seed=1)
+    storage = tmp_path / "ckpts"
+    ckpts = [_ckpt(store, storage, exp, trial, s) for s in (5, 10, 15)]
+    _end(store, exp, trial)  # no validation: only the latest (15) is kept
+
+    started, gate = threading.Event(), threading.Event()
+    real = ckpt_gc.remove_targets
+    threads: list[str] = []
+
+    def held(targets: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        started.set()
+        assert gate.wait(60), "the test never opened the gate"
+        return real(targets)
+
+    monkeypatch.setattr(ckpt_gc, "remove_targets", held)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        await engine.start()  # finds the ended experiment's GC due and starts it
+        await stop.wait()
+        await engine.stop()
+
+    runner = threading.Thread(target=loop.run_until_complete, args=(main(),), name="engine")
+    runner.start()
+    try:
+        assert started.wait(30), "GC never started"
+        assert threads != ["engine"]
+        # the marks are committed, the files are still there, and the engine answers
+        reader = Store(paths.db, readonly=True)
+        states = [c.state for c in reader.list_checkpoints(experiment_id=exp)]
+        assert states == ["DELETED", "DELETED", "COMPLETED"]
+        assert all(Path(c.path).exists() for c in ckpts)
+        payload = {"argv": ["true"], "cwd": "/", "env": {"PATH": "/bin:/usr/bin"}, "slots": 1}
+        job_id = spool.request(paths, "cmd_run", payload, timeout=30)
+        assert isinstance(job_id, int)
+        assert reader.get_checkpoint_gc(exp) is None and exp in engine.gc_running
+        gate.set()
+        wait_for(lambda: reader.get_checkpoint_gc(exp) == GC_DONE, what="GC recorded done")
+        assert [Path(c.path).exists() for c in ckpts] == [False, False, True]
+        assert exp not in engine.gc_running
+        reader.close()
+    finally:
+        gate.set()
+        loop.call_soon_threadsafe(stop.set)
+        runner.join(30)
+        loop.close()
+    assert not runner.is_alive()

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -487,3 +488,37 @@ def test_a_trial_runs_as_its_submitter_with_their_identity(shared: Shared) -> No
     home = pwd.getpwnam(A).pw_dir
     assert who.read_text().split() == [A, home, A, A]
     assert who.stat().st_uid == pwd.getpwnam(A).pw_uid
+
+
+def test_checkpoint_gc_removes_files_with_the_owners_rights(accounts: None) -> None:
+    """A root daemon removes a user's checkpoints with that user's rights (in a child process:
+    the engine's own ids never change): what the user may not delete stays, and says why."""
+    from det_local.sched.ckpt_gc import remove_files
+    from det_local.sched.queue import _identity
+
+    base = Path(tempfile.mkdtemp(prefix="det-local-mu-gc-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        owned_parent = base / "open"
+        owned_parent.mkdir()
+        os.chmod(owned_parent, 0o1777)
+        uid = pwd.getpwnam(A).pw_uid
+        owned = owned_parent / str(uuid.uuid4())
+        (owned / "sub").mkdir(parents=True)
+        (owned / "sub" / "weights").write_text("w")
+        for path in (owned, owned / "sub", owned / "sub" / "weights"):
+            os.chown(path, uid, -1)
+        guarded = base / "guarded" / str(uuid.uuid4())  # root's, in a directory only root writes
+        guarded.mkdir(parents=True)
+        os.chmod(base / "guarded", 0o755)
+        (guarded / "weights").write_text("w")
+        targets = [(owned.name, str(owned)), (guarded.name, str(guarded))]
+        removed, failed = remove_files(targets, _identity(uid))
+        assert removed == [owned.name] and not owned.exists()
+        assert len(failed) == 1 and failed[0].startswith(f"{guarded.name}: {guarded}: "), failed
+        assert "Permission denied" in failed[0] and (guarded / "weights").exists()
+        assert os.geteuid() == 0 and os.getegid() == 0
+        # as root for root (no identity), the same call removes it
+        assert remove_files(targets[1:], {}) == ([guarded.name], [])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

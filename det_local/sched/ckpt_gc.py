@@ -37,6 +37,12 @@ DELETED in one commit; then their directories are removed; then the experiment i
 collected. An experiment that ended but is not marked collected is collected again when the
 engine starts, and that pass removes the directory of every DELETED checkpoint of the
 experiment that is still on disk, so an interrupted GC finishes.
+
+In the engine the marks are made on its event loop and the files are removed on a worker thread
+(deleting large checkpoints takes a while; the engine goes on answering meanwhile), with the
+owner's rights when a root daemon acts for a user (``rm`` run as that user: the engine's own ids
+never change); the end of GC is recorded back on the loop, and until then the experiment counts
+as work in progress (an embedded ``det-local run`` waits for it).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import math
 import os
 import shutil
 import uuid as uuidlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,6 +183,15 @@ class GcResult:
     kept: int  # checkpoints left COMPLETED
 
 
+@dataclass
+class GcPlan:
+    """What one pass does once its marks are committed: the files to remove."""
+
+    experiment_id: int
+    deleted: list[str]  # marked DELETED by this pass
+    targets: list[tuple[str, str]]  # (uuid, recorded path) of every DELETED checkpoint
+
+
 def _checkpoint_dir(uuid: str, recorded: str) -> Path | None:
     """The directory to remove: the recorded path, only when it is absolute and named by the
     checkpoint's own (well-formed) uuid, so that a malformed record cannot aim GC elsewhere."""
@@ -198,18 +213,10 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def collect(
-    store: Store,
-    experiment_id: int,
-    *,
-    identity: dict[str, Any] | None = None,
-    protected: Iterable[str] = (),
-) -> GcResult:
-    """Apply the rule to an ended experiment: mark, then remove files (see the module doc).
-    Idempotent: running it again after a crash finishes what was started. Marks the experiment
-    collected at the end. `identity` (uid/gid/groups): remove files with that user's rights."""
-    from det_local.sched import executor
-
+def mark(store: Store, experiment_id: int, *, protected: Iterable[str] = ()) -> GcPlan:
+    """Apply the rule to an ended experiment and commit the DELETED marks (the store only; no
+    file is touched). The plan's targets are every DELETED checkpoint of the experiment, so
+    that a pass after a crash removes what an interrupted one left."""
     rec = store.get_experiment(experiment_id)
     assert rec.state.terminal, f"experiment {experiment_id} is {rec.state.value}"
     policy = GcPolicy.from_config(rec.config)
@@ -224,31 +231,100 @@ def collect(
     newly = [u for u in doomed if states.get(u) != CHECKPOINT_DELETED]
     if newly:
         store.mark_checkpoints_deleted(newly)  # committed before any file goes
+    targets = [
+        (c.uuid, c.path)
+        for c in store.list_checkpoints(experiment_id=experiment_id)
+        if c.state == CHECKPOINT_DELETED
+    ]
+    return GcPlan(experiment_id, newly, targets)
+
+
+def remove_targets(
+    targets: Sequence[tuple[str, str]], remove: Callable[[Path], None] | None = None
+) -> tuple[list[str], list[str]]:
+    """Remove the checkpoints' directories: (removed uuids, "uuid: why" failures). `remove`
+    deletes one path (default: with this process's rights). Filesystem only: safe to run off
+    the engine's event loop."""
     removed: list[str] = []
     failed: list[str] = []
-    with executor.acting_as(**(identity or {})):
-        for c in store.list_checkpoints(experiment_id=experiment_id):
-            if c.state != CHECKPOINT_DELETED:
-                continue
-            path = _checkpoint_dir(c.uuid, c.path)
-            if path is None:
-                if os.path.lexists(c.path):
-                    failed.append(f"{c.uuid}: its recorded path {c.path!r} is not <storage>/<uuid>")
-                continue
-            if not os.path.lexists(path):
-                continue
-            try:
-                _remove(path)
-                removed.append(c.uuid)
-            except OSError as err:
-                failed.append(f"{c.uuid}: {path}: {err.strerror or err}")
+    for uuid, recorded in targets:
+        path = _checkpoint_dir(uuid, recorded)
+        if path is None:
+            if os.path.lexists(recorded):
+                failed.append(f"{uuid}: its recorded path {recorded!r} is not <storage>/<uuid>")
+            continue
+        if not os.path.lexists(path):
+            continue
+        try:
+            (remove or _remove)(path)
+            removed.append(uuid)
+        except OSError as err:
+            failed.append(f"{uuid}: {path}: {err.strerror or err}")
+    return removed, failed
+
+
+def _remover_as(identity: dict[str, Any]) -> Callable[[Path], None]:
+    """A `remove` for remove_targets() that deletes with another user's rights: `rm -rf` run as
+    that user (a link is removed, never followed). This process's ids never change, so the
+    engine's other threads go on as root meanwhile."""
+    import subprocess
+
+    uid = identity["uid"]
+
+    def remove(path: Path) -> None:
+        proc = subprocess.run(
+            ["rm", "-rf", "--", str(path)],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+            user=uid,
+            group=identity.get("gid", uid),
+            extra_groups=identity.get("groups") or [],
+        )
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or [f"rm exited with {proc.returncode}"]
+            # "rm: cannot remove 'PATH/x': Permission denied" -> "Permission denied"
+            raise OSError(lines[-1].rsplit(": ", 1)[-1] + f" (removing as uid {uid})")
+
+    return remove
+
+
+def remove_files(
+    targets: Sequence[tuple[str, str]], identity: dict[str, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """remove_targets() with the rights of `identity` (uid/gid/groups: the experiment's owner,
+    when a root daemon acts for a user), else this process's."""
+    uid = (identity or {}).get("uid")
+    if uid is None or uid == 0 or os.geteuid() != 0:
+        return remove_targets(targets)
+    assert identity is not None
+    return remove_targets(targets, _remover_as(identity))
+
+
+def finish(store: Store, experiment_id: int) -> int:
+    """Mark the experiment collected; the number of checkpoints it keeps."""
     store.set_checkpoint_gc(experiment_id, GC_DONE)
-    kept = sum(
+    return sum(
         1
         for c in store.list_checkpoints(experiment_id=experiment_id)
         if c.state != CHECKPOINT_DELETED
     )
-    return GcResult(newly, removed, failed, kept)
+
+
+def collect(
+    store: Store,
+    experiment_id: int,
+    *,
+    identity: dict[str, Any] | None = None,
+    protected: Iterable[str] = (),
+) -> GcResult:
+    """Apply the rule to an ended experiment: mark, then remove files (see the module doc).
+    Idempotent: running it again after a crash finishes what was started. Marks the experiment
+    collected at the end. `identity` (uid/gid/groups): remove files with that user's rights."""
+    plan = mark(store, experiment_id, protected=protected)
+    removed, failed = remove_files(plan.targets, identity)
+    return GcResult(plan.deleted, removed, failed, finish(store, experiment_id))
 
 
 # ---------------------------------------------------------------------------- engine hooks
@@ -259,7 +335,7 @@ def collect_if_ended(engine: Engine, experiment_id: int) -> None:
     back, so GC waits for the commit (the next loop iteration); should the engine stop first,
     the start of the next engine does it."""
     store = engine.store
-    if not store.checkpoint_gc_due(experiment_id):
+    if experiment_id in engine.gc_running or not store.checkpoint_gc_due(experiment_id):
         return
     if store.conn.in_transaction:
         if engine.loop is not None:
@@ -282,6 +358,10 @@ def collect_pending(engine: Engine) -> None:
 
 
 def _collect_logged(engine: Engine, experiment_id: int) -> None:
+    """Mark on the event loop (the store), remove the files on a worker thread (large
+    checkpoints take a while to delete; the engine goes on answering meanwhile), then record
+    the end of GC back on the loop. The experiment counts as work in progress until then, so
+    an embedded run waits for it."""
     from det_local.sched.queue import _identity, _uid_of
 
     store = engine.store
@@ -292,27 +372,62 @@ def _collect_logged(engine: Engine, experiment_id: int) -> None:
         if snapshot.get("test_mode") or (live is not None and live.test_mode):
             store.set_checkpoint_gc(experiment_id, GC_SKIPPED)
             return
-        uid = engine.user_ids.get(experiment_id, _uid_of(rec.user))
-        result = collect(store, experiment_id, identity=_identity(uid))
+        identity = _identity(engine.user_ids.get(experiment_id, _uid_of(rec.user)))
+        plan = mark(store, experiment_id)
     except Exception as err:  # GC must never take the engine down; the next start retries
-        message = (
-            f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
-            "it is tried again when det-local next starts"
-        )
-        try:
-            engine.note(message, experiment_id=experiment_id, level="WARNING")
-        except Exception:  # the store itself failed
-            engine._out(f"det-local: {message}")
+        _failed(engine, experiment_id, err)
         return
-    gone = len(set(result.deleted) | set(result.removed))
+    loop = engine.loop
+    if loop is None or not loop.is_running() or not plan.targets:
+        try:
+            removed, failed = remove_files(plan.targets, identity)
+        except Exception as err:
+            _failed(engine, experiment_id, err)
+            return
+        _finished(engine, plan, removed, failed)
+        return
+    engine.gc_running.add(experiment_id)
+    future = loop.run_in_executor(None, remove_files, plan.targets, identity)
+
+    def done(fut: Any) -> None:
+        engine.gc_running.discard(experiment_id)
+        try:
+            removed, failed = fut.result()
+            _finished(engine, plan, removed, failed)
+        except Exception as err:  # the store closed meanwhile: the next start finishes it
+            _failed(engine, experiment_id, err)
+        engine._check_idle()
+
+    future.add_done_callback(done)
+
+
+def _failed(engine: Engine, experiment_id: int, err: BaseException) -> None:
+    message = (
+        f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
+        "it is tried again when det-local next starts"
+    )
+    try:
+        engine.note(message, experiment_id=experiment_id, level="WARNING")
+    except Exception:  # the store itself failed
+        engine._out(f"det-local: {message}")
+
+
+def _finished(engine: Engine, plan: GcPlan, removed: list[str], failed: list[str]) -> None:
+    experiment_id = plan.experiment_id
+    try:
+        kept = finish(engine.store, experiment_id)
+    except Exception as err:
+        _failed(engine, experiment_id, err)
+        return
+    gone = len(set(plan.deleted) | set(removed))
     if gone:
         engine.note(
             f"experiment {experiment_id}: checkpoint GC deleted {gone} "
-            f"checkpoint{'s' if gone != 1 else ''}, kept {result.kept} "
+            f"checkpoint{'s' if gone != 1 else ''}, kept {kept} "
             "(checkpoint_storage save_experiment_best/save_trial_best/save_trial_latest)",
             experiment_id=experiment_id,
         )
-    for failure in result.failed:
+    for failure in failed:
         engine.note(
             f"experiment {experiment_id}: checkpoint GC could not remove checkpoint {failure}; "
             "remove it by hand",

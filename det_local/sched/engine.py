@@ -131,6 +131,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.user_ids: dict[int, int] = {}  # experiment id -> submitter's uid
         self.waiting: dict[int, str] = {}  # queued job id -> why it waits
         self._preempting: set[int] = set()
+        self.gc_running: set[int] = set()  # experiments whose checkpoint files are being removed
         self._killing: set[int] = set()
         self._scheduling: bool = False
         self._schedule_again: bool = False
@@ -216,7 +217,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             self.store.get_experiment(e).state in (State.ACTIVE, State.STOPPING_CANCELED)
             for e in self.experiments
         )
-        if not self.procs and not active and not self.store.jobs.active():
+        if not self.procs and not active and not self.gc_running and not self.store.jobs.active():
             self._idle.set()
         else:
             self._idle.clear()
