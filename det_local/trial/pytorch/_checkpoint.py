@@ -597,18 +597,25 @@ class CheckpointLoadContext(PyTorchTrialContext):
     def __init__(
         self, hparams: dict[str, Any] | None = None, exp_conf: dict[str, Any] | None = None
     ) -> None:
-        super().__init__(
-            core_context=_dummy_core(),
-            trial_seed=0,
-            hparams=hparams,
-            slots_per_trial=1,
-            num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-            exp_conf=exp_conf,
-            aggregation_frequency=1,
-            steps_completed=0,
-            managed_training=False,
-            debug_enabled=False,
-        )
+        super().__init__(**load_context_args(hparams, exp_conf), aggregation_frequency=1)
+
+
+def load_context_args(
+    hparams: dict[str, Any] | None, exp_conf: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A trial context's arguments for building a trial outside training (PyTorch or
+    DeepSpeed): one slot, nothing reported, models left where they are built."""
+    return {
+        "core_context": _dummy_core(),
+        "trial_seed": 0,
+        "hparams": hparams,
+        "slots_per_trial": 1,
+        "num_gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "exp_conf": exp_conf,
+        "steps_completed": 0,
+        "managed_training": False,
+        "debug_enabled": False,
+    }
 
 
 def load_trial_from_checkpoint_path(

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from det_local.errors import CheckpointError
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial, load_engine
@@ -33,21 +31,11 @@ def checkpoint_load_context(
 ) -> DeepSpeedTrialContext:
     """The context to build a DeepSpeedTrial with, after making sure DeepSpeed has a process
     group (the launcher's world when this process runs under one, else a world of one)."""
-    from det_local.trial.pytorch._checkpoint import _dummy_core
+    from det_local.trial.pytorch._checkpoint import load_context_args
     from det_local.trial.pytorch.deepspeed._trainer import _local_distributed
 
     _local_distributed()
-    return _CheckpointLoadContext(
-        core_context=_dummy_core(),
-        trial_seed=0,
-        hparams=hparams,
-        slots_per_trial=1,
-        num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        exp_conf=exp_conf,
-        steps_completed=0,
-        managed_training=False,
-        debug_enabled=False,
-    )
+    return _CheckpointLoadContext(**load_context_args(hparams, exp_conf))
 
 
 @contextlib.contextmanager
