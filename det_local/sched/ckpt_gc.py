@@ -396,7 +396,10 @@ def _collect_logged(engine: Engine, experiment_id: int) -> None:
             _finished(engine, plan, removed, failed)
         except Exception as err:  # the store closed meanwhile: the next start finishes it
             _failed(engine, experiment_id, err)
-        engine._check_idle()
+        try:
+            engine._check_idle()
+        except Exception:  # the engine stopped meanwhile
+            pass
 
     future.add_done_callback(done)
 
