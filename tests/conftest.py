@@ -26,6 +26,17 @@ import yaml
 from det_local.store.db import Store
 from det_local.store.paths import Paths
 
+# Tests interrupt CLI processes with SIGINT (Ctrl-C) and SIGQUIT. A shell without job control
+# starts background commands with both ignored, an ignored signal stays ignored across exec, and
+# Python then never raises KeyboardInterrupt: restore the defaults so that what the tests send
+# arrives however the suite was started.
+for _sig, _handler in (
+    (signal.SIGINT, signal.default_int_handler),
+    (signal.SIGQUIT, signal.SIG_DFL),
+):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _handler)
+
 REPO = Path(__file__).resolve().parent.parent
 COMPAT = REPO / "det_local" / "compat"
 CLI_TIMEOUT = 60.0
