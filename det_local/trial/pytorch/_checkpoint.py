@@ -360,22 +360,36 @@ class AsyncWrite:
 
 
 # ---------------------------------------------------------------------------- reading
+def load_dict_file(
+    path: Path, where: str, load: Callable[[Path], Any], not_dict: str = "not a dict"
+) -> dict[str, Any]:
+    """One checkpoint file that must hold a dict, read with `load`: unreadable or not a dict
+    is one CheckpointError naming the file (a corrupt or truncated checkpoint)."""
+    try:
+        state = load(path)
+    except Exception as err:
+        raise CheckpointError(
+            f"{where}: {path} cannot be loaded ({_one_line(err)}); the file is corrupt or "
+            "truncated: resume from an earlier checkpoint (`det-local checkpoint list`) or "
+            "start the trial fresh"
+        ) from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where}: {path} holds a {type(state).__name__}, {not_dict}")
+    return state
+
+
+def _unpickle(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def read_trial_state(ckpt_dir: Path, where: str) -> dict[str, Any] | None:
     """trial_state.pkl (or the older workload_sequencer.pkl) as a dict; None if absent."""
     for name in ("trial_state.pkl", "workload_sequencer.pkl"):
         path = ckpt_dir / name
         if not path.exists():
             continue
-        try:
-            with open(path, "rb") as f:
-                state = pickle.load(f)
-        except Exception as err:
-            raise CheckpointError(
-                f"{where}: {path} cannot be read ({_one_line(err)}); the file is corrupt: resume "
-                "from an earlier checkpoint or start the trial fresh"
-            ) from err
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{where}: {path} holds a {type(state).__name__}, not a dict")
+        state = load_dict_file(path, where, _unpickle)
         if name == "workload_sequencer.pkl":
             steps = int(state.get("steps_completed") or 0)
             state = {
@@ -411,20 +425,12 @@ def read_state_dict(
         path = ckpt_dir.joinpath(*parts)
         if not path.exists():
             continue
-        try:
-            checkpoint = torch.load(str(path), **kwargs)
-        except Exception as err:
-            raise CheckpointError(
-                f"{where}: {path} cannot be loaded ({_one_line(err)}); the file is corrupt or "
-                "truncated: resume from an earlier checkpoint (`det-local checkpoint list`) or "
-                "start the trial fresh"
-            ) from err
-        if not isinstance(checkpoint, dict):
-            raise CheckpointError(
-                f"{where}: {path} holds a {type(checkpoint).__name__}, not the dict a "
-                "PyTorchTrial checkpoint has; was it written by pytorch.Trainer?"
-            )
-        return checkpoint
+        return load_dict_file(
+            path,
+            where,
+            lambda p: torch.load(str(p), **kwargs),
+            "not the dict a PyTorchTrial checkpoint has; was it written by pytorch.Trainer?",
+        )
     found = sorted(p.name for p in ckpt_dir.iterdir()) if ckpt_dir.is_dir() else []
     raise CheckpointError(
         f"{where} has no state_dict.pth (it holds {found or 'nothing'}); it was not written by a "

@@ -507,6 +507,26 @@ class _TrialController:
         self.checkpoint_timings = [] if checkpoint_timings is None else checkpoint_timings
 
     # ------------------------------------------------------------------ what subclasses change
+    def _set_training_loader(
+        self, skip: int, replicas: int, rank: int, checks_off: bool, *disable_hint: str
+    ) -> Any:
+        """training_loader from build_training_data_loader(): repeating, sharded over the
+        ranks, `skip` batches in (a resumed trial). Returns what the trial built."""
+        train_data = self.trial.build_training_data_loader()
+        if isinstance(train_data, DataLoader):
+            if isinstance(train_data.sampler, ReproducibleShuffleSampler):
+                self.train_shuffle = train_data.sampler
+            self.training_loader = train_data.get_data_loader(
+                repeat=True, skip=skip, num_replicas=replicas, rank=rank
+            )
+        elif checks_off:
+            self.training_loader = train_data
+        else:
+            raise dataset_repro_error(
+                "build_training_data_loader", train_data, self.name, *disable_hint
+            )
+        return train_data
+
     def _set_validation_loader(
         self, replicas: int, rank: int, checks_off: bool, *disable_hint: str
     ) -> None:
@@ -644,17 +664,7 @@ class _TrialController:
     def _set_data_loaders(self, skip: int) -> None:
         size, rank = self.dist.size, self.dist.rank
         checks_off = self.context.experimental._data_repro_checks_disabled
-        train_data = self.trial.build_training_data_loader()
-        if isinstance(train_data, DataLoader):
-            if isinstance(train_data.sampler, ReproducibleShuffleSampler):
-                self.train_shuffle = train_data.sampler
-            self.training_loader = train_data.get_data_loader(
-                repeat=True, skip=skip, num_replicas=size, rank=rank
-            )
-        elif checks_off:
-            self.training_loader = train_data
-        else:
-            raise dataset_repro_error("build_training_data_loader", train_data, self.name)
+        self._set_training_loader(skip, size, rank, checks_off)
         try:
             epoch_len = len(self.training_loader)
         except TypeError:

@@ -35,19 +35,17 @@ from typing import Any
 import torch
 
 from det_local import __version__
-from det_local.errors import CheckpointError
 from det_local.launch.ports import free_port
 from det_local.trial import InvalidHP
 from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._callback import PyTorchCallback
-from det_local.trial.pytorch._data import DataLoader, dataset_repro_error
+from det_local.trial.pytorch._data import DataLoader
 from det_local.trial.pytorch._errors import InvalidTrialError
 from det_local.trial.pytorch._trainer import Trainer as _PyTorchTrainer
 from det_local.trial.pytorch._trainer import _ShouldExit, _TrialController, trial_context
 from det_local.trial.pytorch._trial import check_evaluate, evaluate_batch_defined
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial
-from det_local.trial.pytorch.samplers import ReproducibleShuffleSampler
 
 logger = logging.getLogger("determined.pytorch.deepspeed")
 
@@ -269,22 +267,13 @@ class _DeepSpeedTrialController(_TrialController):
         train_len: int | None = None
         val_len: int | None = None
         if mpu.should_build_data_loader:
-            train_data = self.trial.build_training_data_loader()
-            if isinstance(train_data, DataLoader):
-                if isinstance(train_data.sampler, ReproducibleShuffleSampler):
-                    self.train_shuffle = train_data.sampler
-                self.training_loader = train_data.get_data_loader(
-                    repeat=True, skip=skip, num_replicas=replicas, rank=rank
-                )
-            elif checks_off:
-                self.training_loader = train_data
+            train_data = self._set_training_loader(
+                skip, replicas, rank, checks_off, _DISABLE_CHECKS
+            )
+            if not isinstance(train_data, DataLoader):  # allowed: reproducibility checks off
                 logger.warning(
                     f"{self.name}.build_training_data_loader() returned a "
                     f"{type(train_data).__name__}: make sure it repeats indefinitely"
-                )
-            else:
-                raise dataset_repro_error(
-                    "build_training_data_loader", train_data, self.name, _DISABLE_CHECKS
                 )
             self._set_validation_loader(replicas, rank, checks_off, _DISABLE_CHECKS)
             try:
@@ -480,15 +469,9 @@ class _DeepSpeedTrialController(_TrialController):
         own = Path(ckpt_dir) / f"det_state_dict_rank{self.dist.rank}.pth"
         state: dict[str, Any] = {}
         if own.exists():
-            try:
-                state = torch.load(own, map_location="cpu", weights_only=False)
-            except Exception as err:
-                raise CheckpointError(
-                    f"{where}: {own} cannot be read ({_checkpoint._one_line(err)}); resume from an "
-                    "earlier checkpoint or start the trial fresh"
-                ) from err
-            if not isinstance(state, dict):
-                raise CheckpointError(f"{where}: {own} holds a {type(state).__name__}, not a dict")
+            state = _checkpoint.load_dict_file(
+                own, where, lambda p: torch.load(p, map_location="cpu", weights_only=False)
+            )
         else:
             logger.warning(
                 f"{where} has no det_state_dict_rank{self.dist.rank}.pth (written by fewer "
