@@ -66,13 +66,9 @@ def _candidates(avoid: set[int]) -> list[int] | None:
     low, _ = ephemeral_range()
     if low - _LOWEST < 1024:
         return None
-    rng = random.SystemRandom()
-    picks: list[int] = []
-    while len(picks) < _ATTEMPTS:
-        port = rng.randrange(_LOWEST, low)
-        if port not in avoid and port not in picks:
-            picks.append(port)
-    return picks
+    span = range(_LOWEST, low)
+    picks = random.SystemRandom().sample(span, min(len(span), _ATTEMPTS + len(avoid)))
+    return [port for port in picks if port not in avoid][:_ATTEMPTS]
 
 
 def _try_bind(host: str, port: int) -> socket.socket | None:
@@ -94,13 +90,12 @@ def allocate_ports(in_use: Collection[int] = (), host: str = "0.0.0.0") -> dict[
     held: list[socket.socket] = []
     ports: list[int] = []
     avoid = set(in_use) | set(DEFAULTS.values())
-    avoid |= {DEFAULTS["INTER_TRAIN_PROCESS_COMM_PORT_1"] + 16}
-    candidates = _candidates(avoid)
+    candidates = _candidates(avoid) or [0] * _ATTEMPTS  # 0: the kernel picks
     try:
-        for index in range(_ATTEMPTS):
+        for candidate in candidates:
             if len(ports) == len(PORT_VARS):
                 break
-            sock = _try_bind(host, 0 if candidates is None else candidates[index])
+            sock = _try_bind(host, candidate)
             if sock is None:
                 continue
             held.append(sock)

@@ -227,15 +227,13 @@ def mark(store: Store, experiment_id: int, *, protected: Iterable[str] = ()) -> 
         if not t.state.terminal and t.latest_checkpoint:
             keep.add(t.latest_checkpoint)
     doomed = select_for_deletion(cands, policy, keep)
-    states = {c.uuid: c.state for c in store.list_checkpoints(experiment_id=experiment_id)}
-    newly = [u for u in doomed if states.get(u) != CHECKPOINT_DELETED]
+    listed = store.list_checkpoints(experiment_id=experiment_id)
+    deleted = {c.uuid for c in listed if c.state == CHECKPOINT_DELETED}
+    newly = [u for u in doomed if u not in deleted]
     if newly:
         store.mark_checkpoints_deleted(newly)  # committed before any file goes
-    targets = [
-        (c.uuid, c.path)
-        for c in store.list_checkpoints(experiment_id=experiment_id)
-        if c.state == CHECKPOINT_DELETED
-    ]
+    deleted.update(newly)
+    targets = [(c.uuid, c.path) for c in listed if c.uuid in deleted]
     return GcPlan(experiment_id, newly, targets)
 
 
