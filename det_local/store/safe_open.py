@@ -1,0 +1,68 @@
+"""Reading files that another user may control, from a daemon that runs as root.
+
+A root daemon must not follow a user's symlink (to /dev/zero, /etc/shadow), block on a FIFO
+swapped in between a check and the open, or read an unbounded amount. ``read_bounded`` opens
+with O_NOFOLLOW|O_NONBLOCK, checks the descriptor it got (not the name) with fstat: a regular
+file, optionally of an expected owner, no larger than the bound; then reads at most that many
+bytes. Anything else is an ``UnsafeFile`` error with one line naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from det_local.errors import DetLocalError
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+class UnsafeFile(DetLocalError):
+    """A file in a user-writable place that the daemon refuses to read."""
+
+
+def read_bounded(
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    *,
+    owner: int | None = None,
+    what: str = "file",
+) -> bytes:
+    """The contents of a regular file of at most ``max_bytes`` bytes (owned by ``owner`` when
+    given). FileNotFoundError passes through unchanged, so callers can treat "absent" apart."""
+    name = Path(path)
+    try:
+        fd = os.open(name, _FLAGS)
+    except OSError as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        if err.errno == 40:  # ELOOP: the last component is a symlink (O_NOFOLLOW)
+            raise UnsafeFile(f"{what} {name} is a symbolic link; refusing to follow it") from None
+        raise UnsafeFile(f"{what} {name} cannot be opened: {err.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{what} {name} is not a regular file; refusing to read it")
+        if owner is not None and st.st_uid != owner and st.st_uid != 0:
+            raise UnsafeFile(
+                f"{what} {name} is owned by uid {st.st_uid}, expected uid {owner}; refusing it"
+            )
+        if st.st_size > max_bytes:
+            raise UnsafeFile(
+                f"{what} {name} is {st.st_size} bytes, over the {max_bytes}-byte limit"
+            )
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one more than allowed: a file that grew meanwhile is caught
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise UnsafeFile(f"{what} {name} grew past the {max_bytes}-byte limit while read")
+        return data
+    finally:
+        os.close(fd)
