@@ -49,8 +49,11 @@ pytestmark = pytest.mark.skipif(
     reason="multi-user tests create real users: they need root and useradd",
 )
 
-A, B, ADMIN = "dltest_a", "dltest_b", "dltest_admin"
-ADMIN_GROUP = "det-local-admin-test"
+# DET_LOCAL_TEST_USERS: a prefix of the accounts' names, so that two checkouts' suites running at
+# once on one machine do not remove each other's users
+_PREFIX = os.environ.get("DET_LOCAL_TEST_USERS", "dltest")
+A, B, ADMIN = f"{_PREFIX}_a", f"{_PREFIX}_b", f"{_PREFIX}_admin"
+ADMIN_GROUP = f"{_PREFIX}-admin-grp"
 
 
 def _quiet(*argv: str) -> None:
