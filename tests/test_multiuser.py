@@ -37,7 +37,8 @@ import det_local.config
 import det_local.sched.control
 import det_local.sched.daemon
 import det_local.sched.embedded
-import det_local.sched.engine  # noqa: F401
+import det_local.sched.engine
+import det_local.sched.inotify  # noqa: F401  (ctypes: unreadable for the test users)
 from det_local import api
 from det_local.errors import DetLocalError
 from det_local.sched import spool
