@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from conftest import Env
 
@@ -62,9 +63,14 @@ def test_a_user_setting_wins() -> None:
 def _run(dl: Env, config: dict[str, object], name: str) -> list[dict[str, object]]:
     out = dl.tmp / f"out-{name}"
     out.mkdir()
+    # where the trial writes: through the config, as in Determined (a trial gets nothing else
+    # of the environment `det-local run` runs in, beyond PATH, locale and terminal)
+    given: Any = config.get("environment") or {}
+    variables = [*given.get("environment_variables", []), f"OUT={out}"]
+    config = {**config, "environment": {"environment_variables": variables}}
     cfg, ctx = dl.context(SCRIPT, config, name=name)
     env_before = dict(dl.env)
-    dl.env.update({"DET_LOCAL_CPU_SLOTS": "2", "OUT": str(out)})
+    dl.env.update({"DET_LOCAL_CPU_SLOTS": "2"})
     dl.env.pop("OMP_NUM_THREADS", None)
     try:
         r = dl.det("run", cfg, ctx)

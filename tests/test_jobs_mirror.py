@@ -62,13 +62,12 @@ def random_change(store: Store, rng: random.Random, ids: list[int], trial: list[
                 trial_id=trial_id,
                 argv=["true"],
                 cwd="/",
-                env={"PATH": "/bin"},
             )
         )
         return
     job_id = rng.choice(ids)
     if op == "allocate":
-        jobs.allocate(job_id, rng.sample(range(4), rng.choice([0, 1, 2])), "tok", 1)
+        jobs.allocate(job_id, rng.sample(range(4), rng.choice([0, 1, 2])), 1)
     elif op == "process":
         jobs.set_process(job_id, rng.randrange(2, 1 << 20), float(rng.randrange(1000)))
     elif op == "finish":
@@ -117,7 +116,7 @@ def test_copy_is_kept_not_read_again_while_nothing_else_writes(tmp_path: Path) -
     store = Store(tmp_path / "db.sqlite")
     a = store.jobs.create(kind="COMMAND", name="a", user="ann", uid=1, priority=42, slots_needed=1)
     view = store.jobs.scheduling_view()
-    store.jobs.allocate(a, [0], "t", 1)
+    store.jobs.allocate(a, [0], 1)
     store.jobs.create(kind="COMMAND", name="b", user="ann", uid=1, priority=42, slots_needed=1)
     assert store.jobs.scheduling_view() is view  # changed in place, not read again
     assert list(view.running) == [a] and len(view.queue) == 1

@@ -59,7 +59,7 @@ def _trial(store: Store, *, scheduled: bool = False) -> tuple[int, int]:
         experiment_id=1, trial_id=tid,
     )  # fmt: skip
     if scheduled:
-        store.jobs.allocate(job, [0], "tok", store.next_trial_run(tid))
+        store.jobs.allocate(job, [0], store.next_trial_run(tid))
     return tid, job
 
 
@@ -111,7 +111,7 @@ def test_progress_line_counts_and_best(det_home: Any) -> None:
     store.next_trial_run(queued)
     follower.pump()
     assert progress(out)[-1].startswith("[search] 1 running, 1 queued,")
-    store.jobs.allocate(store.jobs.for_trial(queued).id, [1], "tok", 1)  # type: ignore[union-attr]
+    store.jobs.allocate(store.jobs.for_trial(queued).id, [1], 1)  # type: ignore[union-attr]
     follower.pump()
     assert progress(out)[-1].startswith("[search] 2 running, 1 paused,")
     assert len(progress(out)) == 3  # the line in between was the same: not repeated

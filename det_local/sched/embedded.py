@@ -18,6 +18,7 @@ from typing import Any
 from det_local.errors import DetLocalError
 from det_local.sched.control import lock_free_fd
 from det_local.sched.follow import Follower, summary
+from det_local.sched.plan import allowed_submitter_vars
 from det_local.store.paths import Paths
 from det_local.store.states import State
 
@@ -100,8 +101,11 @@ def run_experiment(
     context_dir = context_dir.resolve()
     source = str(config_path)
 
+    # what trials take from this environment (PATH, LANG...): as a daemon would take it
+    env = allowed_submitter_vars(os.environ)
+
     def act(engine: Any) -> int:
-        return int(engine.submit(cfg, context_dir, source, test_mode=test_mode))
+        return int(engine.submit(cfg, context_dir, source, test_mode=test_mode, env=env))
 
     def remote(p: Paths) -> int:
         from det_local.sched.control import remote_request
@@ -111,6 +115,7 @@ def run_experiment(
             "context": str(context_dir),
             "source": source,
             "test_mode": test_mode,
+            "env": env,
         }
         return int(remote_request(p, "submit", payload))
 

@@ -33,11 +33,12 @@ from det_local.sched import ckpt_gc, executor, spool
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
+    allowed_submitter_vars,
+    base_env,
     check_entrypoint,
-    config_env_vars,
     entrypoint_argv,
-    thread_env,
     trial_env,
+    trial_extra,
 )
 from det_local.sched.policy import check_request
 from det_local.sched.queue import QueueMixin, _identity
@@ -49,6 +50,7 @@ from det_local.search.actions import Action, Close, Create, Shutdown, Stop, Vali
 from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
+from det_local.store.private import PrivateFiles
 from det_local.store.records import CHECKPOINT_DELETED
 from det_local.store.states import State
 
@@ -124,6 +126,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.settings: DaemonSettings = load_settings(paths.settings)
         self.inventory = slots.discover(cpu_slots=self.settings.cpu_slots)
         self.store = Store(paths.db)
+        self.private = PrivateFiles(paths)  # what must not be in the database: tokens, envs
+        self.private.ensure()
         self.user = current_user()
         self.experiments: dict[int, ExperimentRun] = {}
         self.runs: dict[int, TrialRun] = {}  # trial id -> live run
@@ -163,6 +167,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         # trials of every user connect (a per-run token authenticates them); the daemon alone
         # serves other users, so only a root daemon opens the socket to them
         os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
+        self._private_start()
         self._recover()
         ckpt_gc.collect_pending(self)  # ended experiments whose checkpoint GC did not finish
         self._start_spool()
@@ -243,8 +248,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         test_mode: bool = False,
         user: str | None = None,
         uid: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> int:
         """Validate, snapshot the context, record the experiment and start its searcher.
+
+        ``env`` is the submitter's environment: its allow-listed variables (PATH, LANG...) are
+        kept, in a private file, for the experiment's trials; the rest is dropped here.
 
         With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
         twice: one batch + validation + checkpoint, then a fresh process that restores that
@@ -283,6 +292,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 description=cfg.description,
                 user=user or self.user,
             )
+            # before the commit; always written: an id a rolled-back submission had is reused
+            self.private.save_experiment_env(exp_id, allowed_submitter_vars(env or {}))
             dest = self.paths.context_dir(exp_id)
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.exists():  # left by a submission whose record a crash rolled back
@@ -483,10 +494,13 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             user_data=config.get("data") or {},
             resources_info=ResourcesInfo(gpu_uuids),
         )
-        info._to_files(info_dir)
         identity = _identity(job.uid)
+        # cluster.json holds the run's token: the trial's user's alone (0600)
+        info._to_files(info_dir, owner=(identity["uid"], identity["gid"]) if identity else None)
         # unique rendezvous ports per running trial, so two multi-slot trials never collide
         ports = allocate_ports(in_use=[p for r in self.runs.values() for p in r.ports.values()])
+        # a clean environment: the submitter's allow-listed variables, never the daemon's
+        base = base_env(self.private.experiment_env(exp.id), job.uid)
         plan = LaunchPlan(
             argv=entrypoint_argv(
                 config["entrypoint"],
@@ -494,7 +508,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 slots_per_trial=int(exp.config.resources.slots_per_trial),
             ),
             env=trial_env(
-                base=dict(os.environ),
+                base=base,
                 experiment_id=exp.id,
                 trial_id=trial_id,
                 run_id=run_id,
@@ -509,14 +523,15 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 info_dir=str(info_dir),
                 checkpoint_dir=str(exp.checkpoint_dir),
                 user=job.user,
-                extra=_login_vars(identity)
-                + config_env_vars(config)
-                + thread_env(
-                    self.inventory.cpu_threads(len(slots)), os.environ, config_env_vars(config)
-                )
-                + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else [])
-                + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"]
-                + [f"{k}={v}" for k, v in port_env(ports).items()],
+                extra=trial_extra(
+                    config,
+                    base=base,
+                    home=str(self.paths.home),
+                    threads=self.inventory.cpu_threads(len(slots)),
+                    visible_devices=self.inventory.visible_devices(slots),
+                    ports=port_env(ports),
+                    test_mode=exp.test_mode,
+                ),
             ),
             cwd=str(context),
             user=job.user,
@@ -558,14 +573,15 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         run.pid = proc.pid
 
     def _adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun:
-        """A TrialRun for a trial process an earlier daemon started (its token is in the job)."""
+        """A TrialRun for a trial process an earlier daemon started (its token is derived again
+        from the daemon's key)."""
         assert job.trial_id is not None
         run = TrialRun(
             job.trial_id,
             exp.id,
             exp.request_of[job.trial_id],
             job.run_id,
-            job.token or "",
+            self.private.run_token(job.id, job.run_id),
             job.id,
             job.pid or 0,
         )
@@ -725,6 +741,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             else:
                 self.store.set_experiment_progress(exp.id, 1.0)
                 self.store.set_experiment_state(exp.id, State.COMPLETED)
+        if self.store.get_experiment(exp.id).state.terminal:
+            self.private.drop_experiment_env(exp.id)  # no trial of it starts again
         ckpt_gc.collect_if_ended(self, exp.id)  # once it has ended: checkpoint_storage save_*
 
     # ================================================================== control
@@ -890,19 +908,6 @@ def install_interrupt(engine: Engine) -> None:
         loop.add_signal_handler(signal.SIGTERM, on_signal)
     except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
         pass
-
-
-def _login_vars(identity: dict[str, Any]) -> list[str]:
-    """HOME, USER and LOGNAME of the user a trial runs as (not the root daemon's own)."""
-    if not identity:
-        return []
-    import pwd
-
-    try:
-        pw = pwd.getpwuid(identity["uid"])
-    except KeyError:
-        return []
-    return [f"HOME={pw.pw_dir}", f"USER={pw.pw_name}", f"LOGNAME={pw.pw_name}"]
 
 
 def _user_name(uid: int) -> str:

@@ -12,7 +12,7 @@ import shlex
 import shutil
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,67 @@ def _check_in_snapshot(rel: str, context_dir: Path, snapshot: Path | None, sourc
             f"{context_dir / '.detignore'} leaves it out of the experiment's copy; remove the "
             "pattern that matches it"
         )
+
+
+# What a trial takes from its submitter's environment (captured at submission), as Determined's
+# trials take nothing but the config's environment_variables: enough for a shell and a locale.
+# Nothing of the daemon's own environment reaches a job.
+SUBMITTER_VARS = ("PATH", "LANG", "TZ", "TERM", "DET_LOCAL_DEBUG")
+SUBMITTER_PREFIXES = ("LC_",)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+LOGIN_VARS = ("HOME", "USER", "LOGNAME")
+
+
+def allowed_submitter_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed variables of a submitter's environment (what a client sends, and what
+    the daemon keeps of whatever it is sent)."""
+    return {
+        str(k): str(v)
+        for k, v in env.items()
+        if k in SUBMITTER_VARS or str(k).startswith(SUBMITTER_PREFIXES)
+    }
+
+
+def base_env(captured: Mapping[str, str] | None, uid: int | None) -> dict[str, str]:
+    """A trial's environment before det-local's own variables: the allow-listed variables of
+    its submitter (``captured``: None for a submission that sent none), PATH defaulting to
+    DEFAULT_PATH, and HOME, USER, LOGNAME from the passwd entry of the user it runs as."""
+    env = allowed_submitter_vars(captured or {})
+    env.setdefault("PATH", DEFAULT_PATH)
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(os.getuid() if uid is None else uid)
+    except KeyError:  # no passwd entry (a container): what the submitter had
+        for name in LOGIN_VARS:
+            if captured and name in captured:
+                env[name] = str(captured[name])
+        return env
+    env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+    return env
+
+
+def trial_extra(
+    config: dict[str, Any],
+    *,
+    base: Mapping[str, str],
+    home: str,
+    threads: int | None,
+    visible_devices: str,
+    ports: Mapping[str, str],
+    test_mode: bool,
+) -> list[str]:
+    """The `extra` of :func:`trial_env`, as K=V strings in the order they apply: the config's
+    environment_variables, then det-local's own (threads, test mode, devices, ports)."""
+    user = config_env_vars(config)
+    return (
+        user
+        + [f"DET_LOCAL_HOME={home}"]
+        + thread_env(threads, base, user)
+        + (["DET_LOCAL_TEST_MODE=1"] if test_mode else [])
+        + [f"CUDA_VISIBLE_DEVICES={visible_devices}"]
+        + [f"{k}={v}" for k, v in ports.items()]
+    )
 
 
 def trial_env(

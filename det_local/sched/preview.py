@@ -8,7 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import NotSupportedYet
-from det_local.sched.plan import check_entrypoint, config_env_vars, entrypoint_argv, trial_env
+from det_local.launch.ports import PORT_VARS
+from det_local.sched.plan import (
+    allowed_submitter_vars,
+    base_env,
+    check_entrypoint,
+    config_env_vars,
+    entrypoint_argv,
+    thread_env,
+    trial_env,
+    trial_extra,
+)
+from det_local.store.db import current_user
 from det_local.store.paths import Paths
 
 
@@ -35,8 +46,11 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
+    # the environment a launch gives: this user's allow-listed variables (as a submission
+    # would send them), the config's, det-local's; never anything else of this environment
+    base = base_env(allowed_submitter_vars(os.environ), os.getuid())
     env = trial_env(
-        base=dict(os.environ),
+        base=base,
         experiment_id=0,
         trial_id=0,
         run_id=1,
@@ -50,10 +64,26 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         token="<per-run token>",
         info_dir=str(paths.trial_info_dir(0, 0, 1)),
         checkpoint_dir=str(paths.checkpoints),
-        user="<you>",
-        extra=config_env_vars(config),
+        user=current_user(),
+        extra=trial_extra(
+            config,
+            base=base,
+            home=str(paths.home),
+            threads=None,
+            visible_devices="<the trial's slots>",
+            ports={name: "<a free port>" for name in PORT_VARS},
+            test_mode=False,
+        )
+        # on CPU slots only (the daemon's inventory decides): OMP_NUM_THREADS, the mark
+        + [
+            f"{item.partition('=')[0]}=<on CPU slots only: {value}>"
+            for item, value in zip(
+                thread_env(0, base, config_env_vars(config)),
+                ("the trial's share of the cores", "1"),
+                strict=False,
+            )
+        ],
     )
-    delta = {k: v for k, v in env.items() if os.environ.get(k) != v}
     search = plan(cfg)
     return {
         "config": config,
@@ -69,6 +99,6 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
             "cwd": "<snapshot of " + str(context) + ">",
             "hparams": first.hparams,
             "seed": first.seed,
-            "env": delta,
+            "env": env,
         },
     }

@@ -8,7 +8,6 @@ and adopting job processes. The policy itself (who goes first, who is preempted)
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -162,15 +161,16 @@ class QueueMixin:
             self._start_job(job, list(slots))
 
     def _start_job(self: Engine, job: JobRecord, slots: list[int]) -> None:
-        token = secrets.token_hex(16)
         if job.kind == TRIAL:
             assert job.experiment_id is not None and job.trial_id is not None
             exp = self._exp(job.experiment_id)
             run_id = self.store.next_trial_run(job.trial_id)
-            self.store.jobs.allocate(job.id, slots, token, run_id)
+            self.store.jobs.allocate(job.id, slots, run_id)
+            # derived from the daemon's key: stored nowhere, recomputed after a restart
+            token = self.private.run_token(job.id, run_id)
             self._start_trial(exp, job.trial_id, job, slots, token, run_id)
         else:
-            self.store.jobs.allocate(job.id, slots, token, job.run_id + 1)
+            self.store.jobs.allocate(job.id, slots, job.run_id + 1)
             self._start_command(self.store.jobs.get(job.id))
 
     def _spawn(self: Engine, job: JobRecord, plan: LaunchPlan) -> executor.JobProc:
@@ -321,8 +321,10 @@ class QueueMixin:
             slots_needed=slots,
             argv=argv,
             cwd=cwd,
-            env=env,
         )
+        # the environment may hold the submitter's secrets: a private file, never the database
+        # (written before the request commits; always written: a rolled-back id is reused)
+        self.private.save_job_env(job_id, env)
         self._schedule()
         return job_id
 
@@ -330,7 +332,8 @@ class QueueMixin:
         import os
 
         assert job.argv is not None
-        env = dict(job.env or {})
+        env = self.private.job_env(job.id) or {}
+        env["DET_LOCAL_HOME"] = str(self.paths.home)
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
@@ -355,6 +358,8 @@ class QueueMixin:
             self._spawn(job, plan)
         except TrialError as err:
             self.store.jobs.finish(job.id, None, f"command {job.id} could not start: {err}")
+        # started (its pid recorded: it is adopted or settled, never started again) or ended
+        self.private.drop_job_env(job.id)
 
     def _write_allocation(self: Engine, job: JobRecord, visible: str) -> None:
         """jobs/<id>/allocation.json: the slots a job holds (an interactive shell reads it)."""
@@ -383,6 +388,7 @@ class QueueMixin:
             return self.kill(job.experiment_id)
         if job.state == QUEUED:
             self.store.jobs.finish(job.id, None, "removed from the queue on request")
+            self.private.drop_job_env(job.id)
             self._schedule()
             return f"command {job_id} removed from the queue"
         if job.state == SCHEDULED:
@@ -455,6 +461,38 @@ class QueueMixin:
         return f"experiment {experiment_id}: priority {priority}"
 
     # ------------------------------------------------------------------ recovery
+    def _private_start(self: Engine) -> None:
+        """The private files at start: the directory and the daemon's key; the secrets an
+        older det-local kept in the database moved out of it; the environments of jobs and
+        experiments that have ended (or never committed) removed."""
+        self.private.ensure()
+        self.private.key()
+
+        def keep(tokens: dict[int, tuple[int, str]], envs: dict[int, dict[str, str]]) -> None:
+            if tokens:  # trials still running with them authenticate after the upgrade
+                self.private.keep_legacy_tokens(tokens)
+            for job_id, env in envs.items():
+                self.private.save_job_env(job_id, env)
+
+        if self.store.move_secrets_out(keep):
+            self._out(
+                "det-local: moved trial tokens and command environments that an older version "
+                f"kept in the database to {self.paths.private}"
+            )
+        active = {j.id: j for j in self.store.jobs.active()}
+        self.private.prune_legacy_tokens(
+            {j.id: j.run_id for j in active.values() if j.state == SCHEDULED}
+        )
+        for job_id in self.private.saved_job_envs():
+            job = active.get(job_id)
+            # a command allocated but maybe not spawned may be queued again: it keeps its env
+            if job is None or (job.state == SCHEDULED and job.pid is not None):
+                self.private.drop_job_env(job_id)
+        live = {r.id for r in self.store.list_experiments() if not r.state.terminal}
+        for exp_id in self.private.saved_experiment_envs():
+            if exp_id not in live:
+                self.private.drop_experiment_env(exp_id)
+
     def _recover(self: Engine) -> None:
         """After a restart (even kill -9): adopt live processes, settle dead ones, keep the
         queue. Nothing queued is lost; nothing runs twice; no slot is booked twice."""

@@ -388,6 +388,7 @@ class RequestsMixin:
             test_mode=bool(p.get("test_mode")),
             user=req.user,
             uid=req.uid,
+            env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
         )
 
     def _req_job_update(self: Engine, req: Request) -> str:

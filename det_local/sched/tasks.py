@@ -94,14 +94,21 @@ def shell(paths: Paths, *, slots: int, priority: int) -> int:
 
 
 def _serve(
-    paths: Paths, kind: str, argv: list[str], name: str, slots: int, url: str
+    paths: Paths,
+    kind: str,
+    argv: list[str],
+    name: str,
+    slots: int,
+    url: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     job_id = _submit(
         paths,
         {
             "argv": argv,
             "cwd": os.getcwd(),
-            "env": dict(os.environ),
+            # like `cmd run`: the submitter's environment (kept privately by the daemon)
+            "env": {**os.environ, **(env or {})},
             "slots": slots,
             "priority": 42,
             "name": name,
@@ -128,7 +135,6 @@ def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
         "--no-browser",
         "--ip=127.0.0.1",
         f"--port={port}",
-        f"--ServerApp.token={token}",
     ]
     return _serve(
         paths,
@@ -137,6 +143,9 @@ def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
         f"notebook :{port}",
         slots,
         f"http://127.0.0.1:{port}/lab?token={token}",
+        # its token in the environment (private to its user), never in argv, which every user
+        # sees (`ps`, `job list --json`, the database)
+        env={"JUPYTER_TOKEN": token},
     )
 
 

@@ -10,7 +10,7 @@ import getpass
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,9 @@ class Store:
             )
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
+            # every user can read the file: what is overwritten or deleted is zeroed, not left
+            # behind in free space for a byte-level read (see move_secrets_out)
+            self.conn.execute("PRAGMA secure_delete=ON")
             self.conn.executescript(SCHEMA)
             self.conn.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
@@ -171,6 +174,29 @@ class Store:
             if "checkpoint_gc" not in columns:  # a database from before checkpoint GC
                 self._add_checkpoint_gc_column()
             self.jobs = JobTable(self.conn, readonly=False)
+
+    def move_secrets_out(
+        self,
+        keep: Callable[[dict[int, tuple[int, str]], dict[int, dict[str, str]]], None],
+    ) -> bool:
+        """A database an older det-local wrote holds trial tokens and commands' environments
+        (which every user can read): hand those of live jobs to ``keep`` (private files,
+        written durably), then clear the columns, zero the freed bytes and empty the WAL.
+        Returns True when there was anything to move."""
+        found = self.conn.execute(
+            "SELECT 1 FROM jobs WHERE token IS NOT NULL OR env IS NOT NULL LIMIT 1"
+        ).fetchone()
+        if not found:
+            return False
+        tokens, envs = self.jobs.take_secrets()
+        keep(tokens, envs)  # kept first: a crash now leaves them in both places, not in none
+        with self.transaction():
+            self.jobs.clear_secrets()
+        self.jobs.reload()
+        # the old values are zeroed in the pages (secure_delete); the WAL frames that still
+        # hold the pages as they were go too
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return True
 
     def _add_checkpoint_gc_column(self) -> None:
         with self.transaction():  # checked again under the write lock: one migration only

@@ -2,8 +2,13 @@
 
 A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process running); a job
 that ended is DONE and kept for `job list --all` and its exit status. The allocation (slots,
-pid, the process's start time, the per-run token) is written before a process is spawned and
+pid, the process's start time, the run id) is written before a process is spawned and
 completed after, so a restarted daemon can tell which processes are its own.
+
+Every user can read the database: nothing secret goes in it. The `token` and `env` columns
+are left from det-local versions that kept a trial's token and a command's environment here;
+they stay NULL (`store/private.py` holds both now, in files only the daemon reads), and
+:meth:`JobTable.take_secrets` moves what an older version left there out at the first start.
 
 The writer keeps the active jobs in memory as well (:class:`ActiveJobs`), so that a scheduling
 pass reads no SQL: every change goes through this table, writes its row and puts the row that
@@ -19,7 +24,7 @@ import sqlite3
 import time
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from det_local.errors import NotFoundError
@@ -68,12 +73,11 @@ DONE = "DONE"
 
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
-    "trial_id, slots, pid, pid_start, token, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, env, exit_code, message, preempt_acked"
+    "trial_id, slots, pid, pid_start, run_id, submitted_at, started_at, ended_at, argv, "
+    "cwd, exit_code, message, preempt_acked"
 )
-# the scheduler's and `job list`'s view: without the (large) environment of commands; the
-# scheduling pass also skips argv (`get` reads the whole row when a job starts)
-_LIST_COLS = _COLS.replace("cwd, env,", "cwd, NULL,")
+_LIST_COLS = _COLS
+# the scheduling pass skips argv (`get` reads the whole row when a job starts)
 _ACTIVE_COLS = _LIST_COLS.replace("ended_at, argv,", "ended_at, NULL,")
 _ACTIVE = "state IN ('QUEUED', 'SCHEDULED')"
 _ORDER = " ORDER BY position, id"  # what the position index gives (ties: by id)
@@ -95,14 +99,12 @@ class JobRecord:
     slots: list[int]
     pid: int | None
     pid_start: float | None
-    token: str | None
     run_id: int
     submitted_at: float
     started_at: float | None
     ended_at: float | None
     argv: list[str] | None = None
     cwd: str | None = None
-    env: dict[str, str] | None = field(default=None, repr=False)
     exit_code: int | None = None
     message: str | None = None
     # the running trial acknowledged a preemption (kept for a daemon that restarts before it
@@ -110,10 +112,7 @@ class JobRecord:
     preempt_acked: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("env")
-        d.pop("token")
-        return d
+        return asdict(self)
 
 
 def _real(v: Any) -> float | None:
@@ -138,17 +137,15 @@ def _row(r: Sequence[Any]) -> JobRecord:
         slots=json.loads(r[11]),
         pid=r[12],
         pid_start=_real(r[13]),
-        token=r[14],
-        run_id=r[15],
-        submitted_at=float(r[16]),
-        started_at=_real(r[17]),
-        ended_at=_real(r[18]),
-        argv=json.loads(r[19]) if r[19] else None,
-        cwd=r[20],
-        env=json.loads(r[21]) if r[21] else None,
-        exit_code=r[22],
-        message=r[23],
-        preempt_acked=bool(r[24]),
+        run_id=r[14],
+        submitted_at=float(r[15]),
+        started_at=_real(r[16]),
+        ended_at=_real(r[17]),
+        argv=json.loads(r[18]) if r[18] else None,
+        cwd=r[19],
+        exit_code=r[20],
+        message=r[21],
+        preempt_acked=bool(r[22]),
     )
 
 
@@ -157,8 +154,8 @@ def _queue_key(job: JobRecord) -> tuple[int, float, int]:
 
 
 class ActiveJobs:
-    """The QUEUED and SCHEDULED jobs as :meth:`JobTable.active` reads them (argv and env left
-    out), held by the writer: by id, the running ones apart, and the queued ones' ids in
+    """The QUEUED and SCHEDULED jobs as :meth:`JobTable.active` reads them (argv left out),
+    held by the writer: by id, the running ones apart, and the queued ones' ids in
     (priority, position, id) order (an index, as SQL would keep one), so that a scheduling
     pass reads as far into a long queue as it needs and no further. Records are replaced,
     never changed in place: a record handed out stays what it was when read."""
@@ -268,14 +265,13 @@ class JobTable:
         trial_id: int | None = None,
         argv: list[str] | None = None,
         cwd: str | None = None,
-        env: dict[str, str] | None = None,
     ) -> int:
         now = time.time()
         cur = self.conn.execute(
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
-            " experiment_id, trial_id, submitted_at, argv, cwd, env)"
+            " experiment_id, trial_id, submitted_at, argv, cwd)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            f" ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
+            f" ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -289,7 +285,6 @@ class JobTable:
                 now,
                 json.dumps(argv) if argv is not None else None,
                 cwd,
-                json.dumps(env) if env is not None else None,
             ),
         )
         rows = cur.fetchall()
@@ -303,7 +298,7 @@ class JobTable:
         return _row(r)
 
     def peek(self, job_id: int) -> JobRecord:
-        """An active job as the scheduler sees it (argv, env and cwd left out), from the
+        """An active job as the scheduler sees it (argv left out), from the
         writer's copy; any other job as :meth:`get` reads it."""
         if self._mirrored:
             job = self._active_jobs().jobs.get(job_id)
@@ -316,7 +311,7 @@ class JobTable:
         return _row(r) if r else None
 
     def active(self) -> list[JobRecord]:
-        """QUEUED and SCHEDULED jobs, in position order (argv and env left out)."""
+        """QUEUED and SCHEDULED jobs, in position order (argv left out)."""
         if self._mirrored:
             return self._active_jobs().in_position_order()
         rows = self.conn.execute(f"SELECT {_ACTIVE_COLS} FROM jobs WHERE {_ACTIVE}{_ORDER}")
@@ -330,7 +325,7 @@ class JobTable:
         return ActiveJobs(self.active())
 
     def list(self, *, include_done: bool = False, limit: int | None = None) -> list[JobRecord]:
-        """Jobs in queue order for `job list` (env left out)."""
+        """Jobs in queue order for `job list`."""
         sql = f"SELECT {_LIST_COLS} FROM jobs"
         if not include_done:
             sql += f" WHERE {_ACTIVE}"
@@ -342,18 +337,18 @@ class JobTable:
     # -- state changes --------------------------------------------------------------------
     def requeue(self, job_id: int, *, priority: int | None = None) -> None:
         self._update(
-            "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL, token=NULL,"
+            "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL,"
             " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL, preempt_acked=0"
             " WHERE id=?",
             (QUEUED, priority, job_id),
         )
 
-    def allocate(self, job_id: int, slots: Iterable[int], token: str, run_id: int) -> None:
+    def allocate(self, job_id: int, slots: Iterable[int], run_id: int) -> None:
         """Durable before acting: the allocation is recorded before the process is spawned."""
         self._update(
-            "UPDATE jobs SET state=?, slots=?, token=?, run_id=?, started_at=?, pid=NULL,"
+            "UPDATE jobs SET state=?, slots=?, run_id=?, started_at=?, pid=NULL,"
             " pid_start=NULL, preempt_acked=0 WHERE id=?",
-            (SCHEDULED, json.dumps(list(slots)), token, run_id, time.time(), job_id),
+            (SCHEDULED, json.dumps(list(slots)), run_id, time.time(), job_id),
         )
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
@@ -386,6 +381,34 @@ class JobTable:
         if r is None:
             return job.position - 1 if ahead else job.position + 1
         return (job.position + r[0]) / 2
+
+    # -- secrets an older det-local kept here ----------------------------------------------
+    def take_secrets(self) -> tuple[dict[int, tuple[int, str]], dict[int, dict[str, str]]]:
+        """What an older det-local left in the token and env columns: the tokens of running
+        jobs (job id -> (run id, token)) and the environments of queued ones (job id -> env),
+        for the caller to keep in private files before :meth:`clear_secrets`."""
+        tokens: dict[int, tuple[int, str]] = {}
+        envs: dict[int, dict[str, str]] = {}
+        rows = self.conn.execute(
+            "SELECT id, state, run_id, token, env FROM jobs"
+            " WHERE token IS NOT NULL OR env IS NOT NULL"
+        )
+        for job_id, state, run_id, token, env in rows:
+            if token and state == SCHEDULED:
+                tokens[int(job_id)] = (int(run_id), str(token))
+            if env and state in (QUEUED, SCHEDULED):
+                try:
+                    envs[int(job_id)] = {str(k): str(v) for k, v in json.loads(env).items()}
+                except (ValueError, AttributeError):
+                    pass  # unreadable: the command runs with an empty environment
+        return tokens, envs
+
+    def clear_secrets(self) -> bool:
+        """Empty the token and env columns (True when there was something to clear)."""
+        cur = self.conn.execute(
+            "UPDATE jobs SET token=NULL, env=NULL WHERE token IS NOT NULL OR env IS NOT NULL"
+        )
+        return cur.rowcount > 0
 
     # -- processed spool requests (idempotent replay after a crash) ------------------------
     def request_result(self, request_id: str) -> dict[str, Any] | None:

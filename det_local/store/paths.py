@@ -68,6 +68,39 @@ class Paths:
         """Default checkpoint storage (a config's checkpoint_storage overrides it)."""
         return self.home / "checkpoints"
 
+    # -- private files: secrets never go in the (world-readable) database ---------------------
+    @property
+    def private(self) -> Path:
+        """The daemon's own directory (mode 0700): its key, the environments captured at
+        submission. Nobody else can list or read it."""
+        return self.home / "private"
+
+    @property
+    def daemon_key(self) -> Path:
+        """The daemon's secret (0600): per-run trial tokens are derived from it."""
+        return self.private / "daemon.key"
+
+    @property
+    def legacy_tokens(self) -> Path:
+        """Tokens of trials started by a det-local that kept them in the database (0600)."""
+        return self.private / "legacy-tokens.json"
+
+    @property
+    def job_envs(self) -> Path:
+        return self.private / "jobs"
+
+    @property
+    def experiment_envs(self) -> Path:
+        return self.private / "experiments"
+
+    def job_env(self, job_id: int) -> Path:
+        """A queued command's environment, as its submitter had it (0600)."""
+        return self.job_envs / f"{job_id}.json"
+
+    def experiment_env(self, experiment_id: int) -> Path:
+        """The allow-listed variables of an experiment's submitter, for its trials (0600)."""
+        return self.experiment_envs / f"{experiment_id}.json"
+
     # -- per experiment / trial -------------------------------------------------------------
     def experiment_dir(self, experiment_id: int) -> Path:
         return self.home / "experiments" / str(experiment_id)

@@ -148,7 +148,9 @@ class ClusterInfo:
         return self._resources_info.gpu_uuids
 
     # ------------------------------------------------------------------ files
-    def _to_files(self, directory: Path) -> None:
+    def _to_files(self, directory: Path, owner: tuple[int, int] | None = None) -> None:
+        """Write the files. cluster.json holds the session token: mode 0600, owned by
+        ``owner`` (uid, gid: the trial's user, for a root daemon) or the writer."""
         directory.mkdir(parents=True, exist_ok=True)
         cluster = {
             "master_url": self.master_url,
@@ -164,7 +166,7 @@ class ClusterInfo:
             "latest_checkpoint": self._latest_checkpoint,
             "user_data": self._user_data,
         }
-        _write_json(directory / "cluster.json", cluster)
+        _write_json(directory / "cluster.json", cluster, private=True, owner=owner)
         if self._trial_info is not None:
             _write_json(directory / "trial.json", self._trial_info._to_json())
         r = self._rendezvous_info
@@ -218,9 +220,26 @@ class ClusterInfo:
         )
 
 
-def _write_json(path: Path, value: Any) -> None:
+def _write_json(
+    path: Path, value: Any, *, private: bool = False, owner: tuple[int, int] | None = None
+) -> None:
+    """Atomically (a temporary file, then a rename); ``private``: mode 0600 from its creation
+    (never readable by others, not even for a moment), chowned to ``owner``."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2))
+    try:
+        tmp.unlink()  # left by a crash; never written through (nor through a link)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600 if private else 0o644)
+    try:
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
+        data = json.dumps(value, indent=2).encode()
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
