@@ -458,8 +458,13 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
 
         try:
             latest, steps = self._resume_point(trial_id)
+            # its submitter's allow-listed variables (a private file; None: none were sent)
+            captured = self.private.experiment_env(exp.id)
         except CheckpointError as err:
             self._trial_failed_to_start(exp, trial_id, str(err))
+            return
+        except DetLocalError as err:  # a damaged (or replaced) private file
+            self._trial_failed_to_start(exp, trial_id, f"trial {trial_id} cannot start: {err}")
             return
         trial = self.store.get_trial(trial_id)
         if trial.state == State.PAUSED:
@@ -500,7 +505,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         # unique rendezvous ports per running trial, so two multi-slot trials never collide
         ports = allocate_ports(in_use=[p for r in self.runs.values() for p in r.ports.values()])
         # a clean environment: the submitter's allow-listed variables, never the daemon's
-        base = base_env(self.private.experiment_env(exp.id), job.uid)
+        base = base_env(captured, job.uid)
         plan = LaunchPlan(
             argv=entrypoint_argv(
                 config["entrypoint"],

@@ -332,7 +332,13 @@ class QueueMixin:
         import os
 
         assert job.argv is not None
-        env = self.private.job_env(job.id) or {}
+        try:
+            env = self.private.job_env(job.id) or {}  # as its submitter had it
+        except DetLocalError as err:  # a damaged (or replaced) private file
+            self.store.jobs.finish(job.id, None, f"command {job.id} could not start: {err}")
+            self.note(f"command {job.id} could not start: {err}", level="ERROR")
+            self.private.drop_job_env(job.id)
+            return
         env["DET_LOCAL_HOME"] = str(self.paths.home)
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)

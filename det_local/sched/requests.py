@@ -14,6 +14,7 @@ import asyncio
 import grp
 import os
 import pwd
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,6 @@ def _transient(err: BaseException) -> bool:
     """An error of the machine, not of the request (a full disk, a locked database): trying
     the request again later can succeed."""
     import errno
-    import sqlite3
 
     if isinstance(err, sqlite3.OperationalError):
         return True
@@ -273,6 +273,7 @@ class RequestsMixin:
         if deferring:
             self._scheduling = True  # _schedule() only notes that a pass is due
             self._schedule_again = False
+        nested = conn.in_transaction
         conn.execute("SAVEPOINT request")
         try:
             answer = self._apply_request(req)
@@ -283,8 +284,14 @@ class RequestsMixin:
             # when no transaction is left): it is read again from the store when next needed
             self.store.jobs.reload()
             if conn.in_transaction:
-                conn.execute("ROLLBACK TO request")
-                conn.execute("RELEASE request")
+                try:
+                    conn.execute("ROLLBACK TO request")
+                    conn.execute("RELEASE request")  # commits nothing, yet can fail (full disk)
+                except sqlite3.Error:
+                    pass
+                if conn.in_transaction and not nested:
+                    # never leave it open: later requests would nest in it and never commit
+                    conn.execute("ROLLBACK")
             raise
         finally:
             if deferring:

@@ -160,9 +160,6 @@ class Store:
             )
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            # every user can read the file: what is overwritten or deleted is zeroed, not left
-            # behind in free space for a byte-level read (see move_secrets_out)
-            self.conn.execute("PRAGMA secure_delete=ON")
             self.conn.executescript(SCHEMA)
             self.conn.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
@@ -190,8 +187,14 @@ class Store:
             return False
         tokens, envs = self.jobs.take_secrets()
         keep(tokens, envs)  # kept first: a crash now leaves them in both places, not in none
-        with self.transaction():
-            self.jobs.clear_secrets()
+        # every user can read the file: the old values are zeroed, not left in free space for
+        # a byte-level read
+        self.conn.execute("PRAGMA secure_delete=ON")
+        try:
+            with self.transaction():
+                self.jobs.clear_secrets()
+        finally:
+            self.conn.execute("PRAGMA secure_delete=OFF")
         self.jobs.reload()
         # the old values are zeroed in the pages (secure_delete); the WAL frames that still
         # hold the pages as they were go too
