@@ -256,7 +256,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             cfg = make_test_config(cfg)
 
         check_request(
-            int(cfg.resources.slots_per_trial), self.inventory.size(), "resources.slots_per_trial"
+            int(cfg.resources.slots_per_trial),
+            self.inventory.size(),
+            "resources.slots_per_trial",
+            more=self._cpu_slots_remedy(int(cfg.resources.slots_per_trial)),
         )
         staging = self.paths.staging_dir(uuid.uuid4().hex)
         identity = _identity(os.getuid() if uid is None else uid)
@@ -299,6 +302,17 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._apply(exp, searcher.initial_actions())
         self._check_idle()
         return exp_id
+
+    def _cpu_slots_remedy(self, slots: int) -> str | None:
+        from det_local.sched.slots import cpu_slots_remedy
+
+        configured = self.settings.cpu_slots is not None
+        return cpu_slots_remedy(
+            self.inventory,
+            slots,
+            daemon=self.daemon,
+            settings_path=str(self.paths.settings) if configured else None,
+        )
 
     def _snapshot_as(self, identity: dict[str, Any], src: Path, dest: Path) -> None:
         """Snapshot a context with its submitter's rights: a root daemon copies only what the

@@ -299,7 +299,13 @@ class QueueMixin:
             raise DetLocalError(
                 "cmd run: no command given; write it after --, e.g. -- python3 x.py"
             )
-        check_request(slots, self.inventory.size(), "--slots", allow_zero=True)
+        check_request(
+            slots,
+            self.inventory.size(),
+            "--slots",
+            allow_zero=True,
+            more=self._cpu_slots_remedy(slots),
+        )
         check_priority(priority)
         prog = argv[0]
         if "/" in prog:
