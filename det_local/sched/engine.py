@@ -447,6 +447,17 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             f"kill the experiment and start it again"
         )
 
+    def _test_mode_point(
+        self, exp: ExperimentRun, trial_id: int, run_id: int
+    ) -> tuple[str, int] | None:
+        """Test mode's restore run starts from the checkpoint step 3 judged, not the latest."""
+        from det_local.sched.testmode import restore_checkpoint
+
+        if not exp.test_mode or run_id < 2:
+            return None
+        ckpt = restore_checkpoint(self.store, trial_id)
+        return None if ckpt is None else (ckpt.uuid, ckpt.steps_completed)
+
     def _start_trial(
         self,
         exp: ExperimentRun,
@@ -460,7 +471,9 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         from det_local.trial.info import ClusterInfo, ResourcesInfo, TrialInfo
 
         try:
-            latest, steps = self._resume_point(trial_id)
+            latest, steps = self._test_mode_point(exp, trial_id, run_id) or self._resume_point(
+                trial_id
+            )
         except CheckpointError as err:
             self._trial_failed_to_start(exp, trial_id, str(err))
             return
@@ -691,13 +704,14 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         """Test mode, after the first run: restore its checkpoint in a fresh process and train
         one more batch (an operation one batch longer for Core API scripts). False when there is
         nothing to restore, which ends the test (the report names the missing step)."""
+        from det_local.sched.testmode import restore_checkpoint
+
         if not exp.test_mode or run.run_id != 1:
             return False
-        trial = self.store.get_trial(run.trial_id)
-        if trial.latest_checkpoint is None:
+        ckpt = restore_checkpoint(self.store, run.trial_id)
+        if ckpt is None:
             return False
-        steps = self.store.get_checkpoint(trial.latest_checkpoint).steps_completed
-        exp.ops.setdefault(run.request_id, deque()).append(steps + 1)
+        exp.ops.setdefault(run.request_id, deque()).append(ckpt.steps_completed + 1)
         self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
         self._enqueue_trial(exp, run.trial_id)
         return True
