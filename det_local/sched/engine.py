@@ -29,7 +29,7 @@ from det_local.errors import (
     StateError,
 )
 from det_local.launch.ports import allocate_ports, port_env
-from det_local.sched import ckpt_gc, executor, spool
+from det_local.sched import ckpt_gc, executor, spool, unmanaged
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -127,6 +127,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.user = current_user()
         self.experiments: dict[int, ExperimentRun] = {}
         self.runs: dict[int, TrialRun] = {}  # trial id -> live run
+        self.unmanaged: dict[int, TrialRun] = {}  # trial id -> unmanaged run (core_v2)
         self.procs: dict[int, executor.JobProc] = {}  # job id -> live process
         self.user_ids: dict[int, int] = {}  # experiment id -> submitter's uid
         self.waiting: dict[int, str] = {}  # queued job id -> why it waits
@@ -808,6 +809,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return exp
 
     def pause(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "pause")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state == State.PAUSED:
@@ -837,6 +839,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return f"experiment {experiment_id} paused"
 
     def activate(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "activate")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state == State.ACTIVE and exp.stopping is None:
@@ -859,6 +862,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return f"experiment {experiment_id} activated"
 
     def kill(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "kill")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state.terminal:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError, StateError, TrialError
-from det_local.sched import executor
+from det_local.sched import executor, unmanaged
 from det_local.sched.plan import LaunchPlan, thread_env
 from det_local.sched.policy import (
     JobView,
@@ -502,6 +502,8 @@ class QueueMixin:
             if state != State.ACTIVE:
                 self._maybe_finish(exp)
                 continue
+            if unmanaged.settle_after_restart(self, exp.id):
+                continue  # its process (not ours) lost the engine: nothing to start
             for t in self.store.list_trials(exp.id):  # a crash between a trial and its job
                 if t.state == State.ACTIVE and self.store.jobs.for_trial(t.id) is None:
                     self._enqueue_trial(exp, t.id)
