@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from conftest import COMPAT, REPO, Env, gone, wait_for
+from test_multiuser import A, B, Shared, accounts, shared  # noqa: F401  (system-mode fixtures)
 
+import det_local.rpc  # noqa: F401  (imported before the system-mode children drop root)
+import det_local.trial.session  # noqa: F401
 from det_local.sched.control import lock_free
 from det_local.store.states import State
 
@@ -290,3 +293,82 @@ def test_a_config_det_local_cannot_record_is_one_line(dl: Env) -> None:
     assert rc == 1
     assert "max_trails" in err and "core_v2.Config" in err
     assert json.loads(dl.det("experiment", "list", "--all", "--json").out) == []
+
+
+# ---------------------------------------------------------------------------- system mode
+def _ask(payload: dict[str, Any]) -> Any:
+    from det_local import api
+    from det_local.sched.control import remote_request
+
+    return remote_request(api.paths(), "unmanaged", payload)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except PermissionError as err:
+        return f"denied: {err.strerror}"
+
+
+def _hello(answer: dict[str, Any], token: str) -> str:
+    import socket
+
+    from det_local import rpc
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(answer["socket"])
+        rpc.send(
+            sock,
+            {"t": "hello", "unmanaged": True, "token": token, "trial_id": answer["trial_id"]},
+        )
+        reply = rpc.recv(sock) or {}
+    return str(reply.get("error") or "accepted")
+
+
+def _report_and_end(answer: dict[str, Any], token: str) -> str:
+    from det_local.trial.session import Session
+
+    session = Session(
+        answer["socket"], token, answer["trial_id"], answer["run_id"], hello={"unmanaged": True}
+    )
+    session.report("training", 1, {"loss": 0.5})
+    session.request("unmanaged_end", state="COMPLETED", message=None)
+    session.close()
+    return "ended"
+
+
+def test_system_mode_the_token_is_the_requesters_alone(shared: Shared) -> None:  # noqa: F811
+    """A root daemon: user A's unmanaged run gets its token in a 0600 file of A's, never in
+    the (world-readable) answer; B cannot read the file, and a connection from B is refused
+    even with A's token (SO_PEERCRED); A's own process reports and ends the trial."""
+    import pwd
+
+    payload = {
+        "config": {"name": "a-notebook", "searcher": {"name": "single", "metric": "loss"}},
+        "argv": ["python3", "nb.py"],
+        "cwd": str(shared.out),
+    }
+    answer = shared.as_user(A, _ask, payload)
+    token_file = Path(answer["token_file"])
+    st = token_file.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (pwd.getpwnam(A).pw_uid, 0o600)
+    token = token_file.read_text()
+    assert len(token) == 64 and token not in json.dumps(answer)
+    assert shared.as_user(B, _read, str(token_file)) == "denied: Permission denied"
+    # a stolen token is not enough: the peer must be A
+    assert shared.as_user(B, _hello, answer, token) == "this trial belongs to another user"
+    assert shared.as_user(A, _hello, answer, "0" * 64) == "unknown trial or wrong token"
+    log = shared.paths.run_dir.joinpath("daemon.log").read_text()
+    assert (
+        f"refused a connection for unmanaged trial {answer['trial_id']} from uid "
+        f"{pwd.getpwnam(B).pw_uid}" in log
+    )
+    dl = shared.dl
+    assert dl.trial(answer["experiment_id"]).state == State.ACTIVE  # B changed nothing
+    assert shared.as_user(A, _report_and_end, answer, token) == "ended"
+    wait_for(lambda: dl.trial(answer["experiment_id"]).state == State.COMPLETED)
+    exp = dl.experiment(answer["experiment_id"])
+    assert (exp.user, exp.state) == (A, State.COMPLETED)
+    assert [m.steps_completed for m in dl.metrics(answer["trial_id"])] == [1]
+    assert not token_file.exists()
+    _assert_token_kept_secret(dl, token)
