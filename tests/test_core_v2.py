@@ -281,6 +281,20 @@ def test_under_det_local_run_it_is_the_managed_trial(dl: Env) -> None:
     assert dl.trial(1).best_validation == 0.25
 
 
+def test_a_search_in_the_config_records_only_this_trial(dl: Env) -> None:
+    """Determined runs no search for unmanaged runs: a searcher other than single is recorded
+    as single (its metric kept), and det-local never starts a trial of its own for it."""
+    search = SCRIPT.replace(
+        '{"name": "single", "metric": "loss", "smaller_is_better": True}',
+        '{"name": "random", "metric": "loss", "max_trials": 3, "max_length": 5}',
+    )
+    rc, out, err = _run(dl, _script(dl, search))
+    assert rc == 0, out + err
+    assert dl.experiment(1).config["searcher"]["name"] == "single"
+    assert len(dl.trials(1)) == 1 and dl.trial(1).best_validation == 0.125
+    assert dl.jobs() == [] and dl.experiment(1).state == State.COMPLETED
+
+
 def test_a_config_det_local_cannot_record_is_one_line(dl: Env) -> None:
     bad = SCRIPT.replace(
         'labels=["notebook"],', 'labels=["notebook"], checkpoint_storage="s3://b/p",'
@@ -288,10 +302,13 @@ def test_a_config_det_local_cannot_record_is_one_line(dl: Env) -> None:
     rc, out, err = _run(dl, _script(dl, bad))
     assert rc == 1
     assert "checkpoint_storage 's3://b/p': det-local stores checkpoints on local or shared " in err
-    bad = SCRIPT.replace('"metric": "loss"', '"metric": "loss", "max_trails": 3')
+    bad = SCRIPT.replace(
+        'labels=["notebook"],',
+        'labels=["notebook"], checkpoint_storage={"type": "shared_fs", "host_pth": "/x"},',
+    )
     rc, out, err = _run(dl, _script(dl, bad, "bad2.py"))
     assert rc == 1
-    assert "max_trails" in err and "core_v2.Config" in err
+    assert "host_pth" in err and "core_v2.Config" in err
     assert json.loads(dl.det("experiment", "list", "--all", "--json").out) == []
 
 

@@ -75,7 +75,7 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     if not isinstance(raw, dict):
         raise DetLocalError("unmanaged request: config is not a map")
     argv = [str(a) for a in payload.get("argv") or []] or ["python"]
-    raw = mark({**raw, "entrypoint": shlex.join(argv)})
+    raw = mark({**raw, "entrypoint": shlex.join(argv), "searcher": _single(raw.get("searcher"))})
     cfg = parse_config(raw, source="core_v2.Config")
     if int(cfg.resources.slots_per_trial) != 1:
         raise DetLocalError(
@@ -158,6 +158,16 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
         "checkpoint_dir": str(exp.checkpoint_dir),
         "tensorboard_dir": str(info_dir / "tensorboard"),
     }
+
+
+def _single(searcher: Any) -> Any:
+    """The one-trial searcher an unmanaged run has, whatever the Config names: det-local
+    starts no trials for it (Determined's master runs no search for these either); the metric
+    and its direction are kept (best validation, sorting)."""
+    if not isinstance(searcher, dict):
+        return searcher  # parse_config names what is wrong
+    kept = ("metric", "smaller_is_better", "max_length")
+    return {"name": "single", **{k: searcher[k] for k in kept if k in searcher}}
 
 
 def write_token(engine: Engine, trial_id: int, run_id: int, token: str, uid: int) -> Path:
