@@ -355,3 +355,50 @@ def test_detach_without_engine_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "--detach" in proc.stderr and "none is running" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- slots
+def test_more_slots_than_the_machine_names_cpu_slots(dl: Env) -> None:
+    """A config asking for more slots than a machine without GPUs has: the message names the
+    field, the limit, and DET_LOCAL_CPU_SLOTS=N, which then runs the same config unchanged."""
+    script = "import os\nprint('slots', os.environ['DET_SLOT_IDS'])\n"
+    cfg, ctx = dl.context(script, {"resources": {"slots_per_trial": 3}})
+    dl.setenv(DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS=None)  # a machine without GPUs
+    one_line_error(
+        dl.det("run", cfg, ctx),
+        "resources.slots_per_trial 3 is more than this machine's 1 slot; set it to 1 or less, "
+        "or set DET_LOCAL_CPU_SLOTS=3 to run it unchanged on 3 CPU slots",
+    )
+    assert_nothing_created(dl)
+    # what the message says works
+    dl.setenv(DET_LOCAL_CPU_SLOTS="3")
+    r = dl.det("run", cfg, ctx)
+    assert r.rc == 0, r
+    assert dl.trial(1).state == State.COMPLETED
+    assert "slots [0, 1, 2]" in dl.log(1, 1)
+
+
+def test_more_slots_than_the_daemon_names_its_cpu_slots(dl: Env) -> None:
+    cfg, ctx = dl.context("", {"resources": {"slots_per_trial": 2}})
+    dl.daemon_start(DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS=None)
+    one_line_error(
+        dl.det("run", cfg, ctx),
+        "resources.slots_per_trial 2 is more than this machine's 1 slot; set it to 1 or less, "
+        "or restart the daemon with DET_LOCAL_CPU_SLOTS=2 to run it unchanged on 2 CPU slots",
+    )
+    one_line_error(
+        dl.det("cmd", "run", "--slots", "2", "--", "true"),
+        "--slots 2 is more than this machine's 1 slot; set it to 1 or less, or restart the "
+        "daemon with DET_LOCAL_CPU_SLOTS=2",
+    )
+
+
+def test_more_slots_than_the_settings_file_gives(dl: Env) -> None:
+    cfg, ctx = dl.context("", {"resources": {"slots_per_trial": 4}})
+    dl.settings({"slots": {"cpu_slots": 2}})
+    dl.setenv(DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS="8")  # the file wins over the env
+    one_line_error(
+        dl.det("run", cfg, ctx),
+        "resources.slots_per_trial 4 is more than this machine's 2 slots; set it to 2 or less, "
+        f"or set slots.cpu_slots: 4 in {dl.paths.settings} to run it unchanged on 4 CPU slots",
+    )

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from det_local.sched import unmanaged
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
 from det_local.store.records import CHECKPOINT_DELETED
 
@@ -367,7 +368,11 @@ def _collect_logged(engine: Engine, experiment_id: int) -> None:
         rec = store.get_experiment(experiment_id)
         snapshot = store.get_searcher_state(experiment_id) or {}
         live = engine.experiments.get(experiment_id)
-        if snapshot.get("test_mode") or (live is not None and live.test_mode):
+        if (
+            snapshot.get("test_mode")
+            or (live is not None and live.test_mode)
+            or unmanaged.is_unmanaged(rec.config)  # Determined leaves those checkpoints too
+        ):
             store.set_checkpoint_gc(experiment_id, GC_SKIPPED)
             return
         identity = _identity(engine.user_ids.get(experiment_id, _uid_of(rec.user)))

@@ -29,7 +29,7 @@ from det_local.errors import (
     StateError,
 )
 from det_local.launch.ports import allocate_ports, port_env
-from det_local.sched import ckpt_gc, executor, spool
+from det_local.sched import ckpt_gc, executor, spool, unmanaged
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -131,6 +131,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.user = current_user()
         self.experiments: dict[int, ExperimentRun] = {}
         self.runs: dict[int, TrialRun] = {}  # trial id -> live run
+        self.unmanaged: dict[int, TrialRun] = {}  # trial id -> unmanaged run (core_v2)
         self.procs: dict[int, executor.JobProc] = {}  # job id -> live process
         self.user_ids: dict[int, int] = {}  # experiment id -> submitter's uid
         self.waiting: dict[int, str] = {}  # queued job id -> why it waits
@@ -265,7 +266,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             cfg = make_test_config(cfg)
 
         check_request(
-            int(cfg.resources.slots_per_trial), self.inventory.size(), "resources.slots_per_trial"
+            int(cfg.resources.slots_per_trial),
+            self.inventory.size(),
+            "resources.slots_per_trial",
+            more=self._cpu_slots_remedy(int(cfg.resources.slots_per_trial)),
         )
         staging = self.paths.staging_dir(uuid.uuid4().hex)
         identity = _identity(os.getuid() if uid is None else uid)
@@ -310,6 +314,17 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._apply(exp, searcher.initial_actions())
         self._check_idle()
         return exp_id
+
+    def _cpu_slots_remedy(self, slots: int) -> str | None:
+        from det_local.sched.slots import cpu_slots_remedy
+
+        configured = self.settings.cpu_slots is not None
+        return cpu_slots_remedy(
+            self.inventory,
+            slots,
+            daemon=self.daemon,
+            settings_path=str(self.paths.settings) if configured else None,
+        )
 
     def _snapshot_as(self, identity: dict[str, Any], src: Path, dest: Path) -> None:
         """Snapshot a context with its submitter's rights: a root daemon copies only what the
@@ -444,6 +459,17 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             f"kill the experiment and start it again"
         )
 
+    def _test_mode_point(
+        self, exp: ExperimentRun, trial_id: int, run_id: int
+    ) -> tuple[str, int] | None:
+        """Test mode's restore run starts from the checkpoint step 3 judged, not the latest."""
+        from det_local.sched.testmode import restore_checkpoint
+
+        if not exp.test_mode or run_id < 2:
+            return None
+        ckpt = restore_checkpoint(self.store, trial_id)
+        return None if ckpt is None else (ckpt.uuid, ckpt.steps_completed)
+
     def _start_trial(
         self,
         exp: ExperimentRun,
@@ -457,7 +483,9 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         from det_local.trial.info import ClusterInfo, ResourcesInfo, TrialInfo
 
         try:
-            latest, steps = self._resume_point(trial_id)
+            latest, steps = self._test_mode_point(exp, trial_id, run_id) or self._resume_point(
+                trial_id
+            )
             # its submitter's allow-listed variables (a private file; None: none were sent)
             captured = self.private.experiment_env(exp.id)
         except CheckpointError as err:
@@ -698,13 +726,14 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         """Test mode, after the first run: restore its checkpoint in a fresh process and train
         one more batch (an operation one batch longer for Core API scripts). False when there is
         nothing to restore, which ends the test (the report names the missing step)."""
+        from det_local.sched.testmode import restore_checkpoint
+
         if not exp.test_mode or run.run_id != 1:
             return False
-        trial = self.store.get_trial(run.trial_id)
-        if trial.latest_checkpoint is None:
+        ckpt = restore_checkpoint(self.store, run.trial_id)
+        if ckpt is None:
             return False
-        steps = self.store.get_checkpoint(trial.latest_checkpoint).steps_completed
-        exp.ops.setdefault(run.request_id, deque()).append(steps + 1)
+        exp.ops.setdefault(run.request_id, deque()).append(ckpt.steps_completed + 1)
         self.store.set_searcher_state(exp.id, self._searcher_snapshot(exp))
         self._enqueue_trial(exp, run.trial_id)
         return True
@@ -803,6 +832,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return exp
 
     def pause(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "pause")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state == State.PAUSED:
@@ -832,6 +862,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return f"experiment {experiment_id} paused"
 
     def activate(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "activate")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state == State.ACTIVE and exp.stopping is None:
@@ -854,6 +885,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         return f"experiment {experiment_id} activated"
 
     def kill(self, experiment_id: int) -> str:
+        unmanaged.refuse_control(self, experiment_id, "kill")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
         if state.terminal:

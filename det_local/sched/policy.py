@@ -162,8 +162,11 @@ def check_request(
     kind_desc: str = "slots_per_trial",
     *,
     allow_zero: bool = False,
+    more: str | None = None,
 ) -> None:
-    """Reject at submission a slot request this machine can never satisfy."""
+    """Reject at submission a slot request this machine can never satisfy. `more`: another
+    remedy for a request over the machine's slots (``cpu_slots_remedy``), appended to the
+    message."""
     if isinstance(slots, bool) or not isinstance(slots, int):
         raise SchedulingError(f"{kind_desc} {slots!r} is not a whole number: set it to 1 or more")
     if slots < 0:
@@ -181,6 +184,8 @@ def check_request(
             if total_slots > 0
             else "it cannot run here until the machine has slots"
         )
+        if more:
+            hint += f", or {more}"
         raise SchedulingError(f"{kind_desc} {slots} is more than this machine's {have}; {hint}")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError, StateError, TrialError
-from det_local.sched import executor
+from det_local.sched import executor, unmanaged
 from det_local.sched.plan import LaunchPlan, thread_env
 from det_local.sched.policy import (
     JobView,
@@ -299,7 +299,13 @@ class QueueMixin:
             raise DetLocalError(
                 "cmd run: no command given; write it after --, e.g. -- python3 x.py"
             )
-        check_request(slots, self.inventory.size(), "--slots", allow_zero=True)
+        check_request(
+            slots,
+            self.inventory.size(),
+            "--slots",
+            allow_zero=True,
+            more=self._cpu_slots_remedy(slots),
+        )
         check_priority(priority)
         prog = argv[0]
         if "/" in prog:
@@ -540,6 +546,8 @@ class QueueMixin:
             if state != State.ACTIVE:
                 self._maybe_finish(exp)
                 continue
+            if unmanaged.settle_after_restart(self, exp.id):
+                continue  # its process (not ours) lost the engine: nothing to start
             for t in self.store.list_trials(exp.id):  # a crash between a trial and its job
                 if t.state == State.ACTIVE and self.store.jobs.for_trial(t.id) is None:
                     self._enqueue_trial(exp, t.id)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
-from det_local.sched import spool
+from det_local.sched import spool, unmanaged
 from det_local.sched.spool import Request, SpoolError
 
 if TYPE_CHECKING:
@@ -346,6 +346,7 @@ class RequestsMixin:
             "cmd_run": self._req_cmd_run,
             "cmd_kill": lambda r: self.kill_job(self._own_job(r, int(r.payload["job_id"]))),
             "daemon_stop": self._req_daemon_stop,
+            unmanaged.OP: lambda r: unmanaged.start(self, r.payload, user=r.user, uid=r.uid),
         }
 
     # ------------------------------------------------------------------ ownership

@@ -205,6 +205,23 @@ def _cpu_inventory(cpu_slots: int | None, why: str) -> Inventory:
     return Inventory(slots, SOURCE_CPU, note)
 
 
+def cpu_slots_remedy(
+    inventory: Inventory, slots: int, *, daemon: bool, settings_path: str | None = None
+) -> str | None:
+    """For a request over the machine's slots: how to run it unchanged on CPU slots (None where
+    the slots are GPUs, which a setting cannot add). The daemon's settings file wins over the
+    environment (see `discover`), so it is named when it sets cpu_slots."""
+    if inventory.source != SOURCE_CPU:
+        return None
+    unchanged = f"to run it unchanged on {slots} CPU slots"
+    if settings_path is not None:
+        again = "and restart the daemon " if daemon else ""
+        return f"set slots.cpu_slots: {slots} in {settings_path} {again}{unchanged}"
+    if daemon:
+        return f"restart the daemon with {CPU_SLOTS_ENV}={slots} {unchanged}"
+    return f"set {CPU_SLOTS_ENV}={slots} {unchanged}"
+
+
 def _text(value: Any) -> str:
     """NVML strings: bytes from older pynvml releases, str from newer ones."""
     if isinstance(value, bytes):

@@ -5,9 +5,17 @@ scripts and Core API scripts alike:
 
 1. train one batch        training metrics reported by the first run
 2. validate               validation metrics reported by the first run
-3. checkpoint             a checkpoint recorded by the first run
-4. restore and train      a second process, started from that checkpoint, exits 0 after
-                          reporting training at a later step
+3. checkpoint             a checkpoint recorded by the first run (its first one)
+4. restore and train      a second process, started from exactly that checkpoint, exits 0
+                          after reporting training at a later step
+
+"One more batch" is what a script that follows its searcher operations (or the Trainer in
+test mode) trains: the restored run gets an operation one batch past the checkpoint. A Core API
+script that trains to a fixed length of its own (Determined's `core_api/2_checkpoints` tutorial,
+its e2e `noop` fixture) ignores operations: the first run trains to its end, checkpointing on
+the way, and the restored run resumes from the *first* of those checkpoints (not the latest,
+after which there is nothing left to train) and trains to its end again. The step passes when
+the restored run reports training past the checkpoint and exits 0: the resume path really ran.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 
 from det_local.store.db import Store
 from det_local.store.paths import Paths
-from det_local.store.records import json_safe
+from det_local.store.records import CheckpointRecord, json_safe
 from det_local.store.states import State
 
 STEP_NAMES = (
@@ -90,6 +98,15 @@ def _shown(metrics: dict[str, Any], limit: int = 4) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in items)
 
 
+def restore_checkpoint(store: Store, trial_id: int) -> CheckpointRecord | None:
+    """The checkpoint step 3 judges and step 4 restores: the first one the trial recorded (the
+    first run's first), or None."""
+    for ckpt in store.list_checkpoints(trial_id=trial_id):  # in the order they were recorded
+        if ckpt.state == "COMPLETED":
+            return ckpt
+    return None
+
+
 def build_report(store: Store, paths: Paths, experiment_id: int) -> TestReport:
     trials = store.list_trials(experiment_id)
     trial = trials[0] if trials else None
@@ -108,7 +125,7 @@ def build_report(store: Store, paths: Paths, experiment_id: int) -> TestReport:
     val1 = [m for m in metrics if m.run_id == 1 and m.group == "validation"]
     train2 = [m for m in metrics if m.run_id == 2 and m.group == "training"]
     ckpts = [c for c in store.list_checkpoints(trial_id=trial.id) if c.state == "COMPLETED"]
-    first_ckpt = ckpts[0] if ckpts else None
+    first_ckpt = restore_checkpoint(store, trial.id)
 
     steps: list[StepResult] = []
     steps.append(
@@ -145,14 +162,21 @@ def build_report(store: Store, paths: Paths, experiment_id: int) -> TestReport:
         and first_ckpt is not None
         and any(m.steps_completed > first_ckpt.steps_completed for m in train2)
     )
+    at = "" if first_ckpt is None else f" at steps_completed={first_ckpt.steps_completed}"
     if restored_ok:
-        detail = f"trained to steps_completed={max(m.steps_completed for m in train2)}"
+        detail = (
+            f"trained to steps_completed={max(m.steps_completed for m in train2)} "
+            f"from the checkpoint{at}"
+        )
     elif trial.run_id < 2:
         detail = "not run: there was no checkpoint to restore"
     elif trial.state != State.COMPLETED:
         detail = f"the restored run ended {trial.state.value}: {trial.message or ''}".rstrip(": ")
     else:
-        detail = "the restored run reported no training past the checkpoint"
+        detail = (
+            f"the restored run reported no training past the checkpoint{at}: a script that "
+            "trains to a fixed length needs training left after its first checkpoint"
+        )
     steps.append(StepResult(STEP_NAMES[3], restored_ok, detail))
     passed = all(s.passed for s in steps)
     return TestReport(

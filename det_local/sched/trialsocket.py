@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError, MetricError, NotFoundError
+from det_local.sched import unmanaged
 from det_local.store.records import CheckpointRecord
 
 if TYPE_CHECKING:
@@ -46,9 +47,13 @@ class TrialSocketMixin:
         finally:
             if run is not None and writer in run.writers:
                 run.writers.remove(writer)
+                if run.trial_id in self.unmanaged:
+                    unmanaged.disconnected(self, run)
             writer.close()
 
     def _hello(self: Engine, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
+        if msg.get("unmanaged"):  # a core_v2 process det-local did not start
+            return unmanaged.hello(self, msg, writer)
         run = self.runs.get(int(msg.get("trial_id", -1)))
         if run is None or not secrets.compare_digest(str(msg.get("token", "")), run.token):
             _write(writer, {"t": "hello", "error": "unknown trial or wrong token"})
@@ -101,6 +106,8 @@ class TrialSocketMixin:
                 run.acked = True
             elif kind == "bye":
                 pass
+            elif kind == unmanaged.END and self.unmanaged.get(run.trial_id) is run:
+                unmanaged.on_end(self, run, msg)
             else:
                 error = f"unknown request {kind!r}"
         except DetLocalError as err:

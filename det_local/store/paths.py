@@ -123,6 +123,11 @@ class Paths:
         """cluster.json / trial.json for one run of a trial (what get_cluster_info() reads)."""
         return self.trial_dir(experiment_id, trial_id) / "runs" / str(run_id)
 
+    def unmanaged_token(self, trial_id: int, run_id: int) -> Path:
+        """The session token of an unmanaged run (core_v2), readable by its requester only;
+        removed once its process has connected."""
+        return self.run_dir / "tokens" / f"{trial_id}-{run_id}.token"
+
     # -- jobs (commands, and the exit files of every job) ------------------------------------
     def job_dir(self, job_id: int) -> Path:
         return self.home / "jobs" / str(job_id)

@@ -39,9 +39,17 @@ class SessionError(DetLocalError):
 
 class Session:
     def __init__(
-        self, socket_path: str, token: str, trial_id: int, run_id: int, rank: int = 0
+        self,
+        socket_path: str,
+        token: str,
+        trial_id: int,
+        run_id: int,
+        rank: int = 0,
+        *,
+        hello: dict[str, Any] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self._hello_extra = dict(hello or {})  # e.g. {"unmanaged": True} (core_v2)
         self.token = token
         self.trial_id = trial_id
         self.run_id = run_id
@@ -78,6 +86,7 @@ class Session:
                         "run_id": self.run_id,
                         "rank": self.rank,
                         "pid": os.getpid(),
+                        **self._hello_extra,
                     },
                 )
                 answer = rpc.recv(sock)
@@ -207,6 +216,12 @@ class Session:
         self._closed = True
         self._wake.set()
         if self._sock is not None:
+            try:
+                # the receiver thread blocks in recv(): close() alone would leave the connection
+                # open until the process exits; shutdown ends it now (the daemon sees EOF)
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 self._sock.close()
             except OSError:
