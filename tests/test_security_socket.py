@@ -370,7 +370,7 @@ def test_a_trial_session_acts_only_for_its_own_trial(shared: Shared) -> None:  #
         f"checkpoint {mine} {owner}; a trial may record only its own checkpoints",
         "is not its experiment's checkpoint directory",
         "is not a directory (a link?)",
-        "without '..'",
+        "leaves its directory with '..'",
         f"belongs to {A}, not to the trial's user {B}; a trial records only directories it made",
         "checkpoint uuid '../../etc' is not a UUID",
         f"trial_id {alice['trial']} is not this session's ({bob['trial']}); a session speaks only "

@@ -529,8 +529,15 @@ def _checked_path(value: Any, uuid_: str, storage: Any, uid: int) -> str:
     if not isinstance(value, str) or not value:
         raise Refused(f"{where} is not a path; it must be {expected}")
     path = Path(value)
-    if not path.is_absolute() or ".." in path.parts:
-        raise Refused(f"{where} must be the absolute path {expected}, without '..'")
+    if not path.is_absolute():
+        raise Refused(f"{where} must be the absolute path {expected}")
+    if os.path.normpath(path) != os.path.normpath(expected):
+        if ".." in path.parts:
+            raise Refused(f"{where} leaves its directory with '..'; it must be {expected}")
+        raise Refused(
+            f"{where} is not its experiment's checkpoint directory {expected}; a trial records "
+            "checkpoints only in its own experiment's checkpoint storage"
+        )
     try:
         st = os.lstat(path)
     except OSError as err:
