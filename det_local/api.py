@@ -3,6 +3,7 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,13 +116,16 @@ def follow_command(job_id: int, poll: float = 0.05) -> int:
 
 
 def ranked_trials(store: Store, experiment_id: int) -> list[Any]:
-    """The experiment's trials, best searcher metric first (trials without one last)."""
+    """The experiment's trials, best searcher metric first (trials without one last; NaN and
+    the infinities, which the daemon never records as a best, rank after every number)."""
     exp = store.get_experiment(experiment_id)
     smaller = bool((exp.config.get("searcher") or {}).get("smaller_is_better", True))
     trials = store.list_trials(experiment_id)
 
     def key(t: Any) -> tuple[int, float]:
         if t.best_validation is None:
+            return (2, 0.0)
+        if not math.isfinite(t.best_validation):
             return (1, 0.0)
         return (0, t.best_validation if smaller else -t.best_validation)
 

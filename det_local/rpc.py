@@ -28,6 +28,12 @@ Client (CLI) -> daemon
 Daemon -> trial
     reply        {id, value | error}
     preempt      {}                                              should_preempt() turns True
+
+A trial's session is an allocation's authority, not a pipe (``sched/trialsocket.py``): hello must
+come first, within HELLO_TIMEOUT, in a frame of at most HELLO_MAX_FRAME bytes, and binds the
+connection to one run of one trial (its token and its process's uid); every later frame is at
+most SESSION_MAX_FRAME bytes (the trial side splits metric batches to fit) and acts on that run
+only. A refused hello answers ``{t: hello, error}``, with ``retry: true`` when it is only busy.
 """
 
 from __future__ import annotations
@@ -39,7 +45,12 @@ from typing import Any
 import msgpack
 
 HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024
+MAX_FRAME = 64 * 1024 * 1024  # what a trial accepts from the daemon
+HELLO_MAX_FRAME = 4 * 1024  # what the daemon reads from a connection that has not said hello
+# what the daemon reads from a session: a single metric report, a checkpoint's file list (about
+# 200,000 files) or a request fits; the trial side splits its metric batches below it
+SESSION_MAX_FRAME = 16 * 1024 * 1024
+HELLO_TIMEOUT = 5.0
 
 
 class FrameError(Exception):
@@ -52,7 +63,10 @@ def pack(msg: dict[str, Any]) -> bytes:
 
 
 def unpack(body: bytes) -> dict[str, Any]:
-    msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as err:  # msgpack raises several kinds for malformed input
+        raise FrameError(f"frame is not valid msgpack ({type(err).__name__})") from None
     if not isinstance(msg, dict) or "t" not in msg:
         raise FrameError("frame is not a message map with a 't' key")
     return msg

@@ -126,10 +126,20 @@ def test_nan_ranks_after_every_number() -> None:
     assert doomed(cands, 0, 1, 0) == ["n"]
 
 
-def test_infinities_are_numbers() -> None:
-    cands = [C("inf", 1, 5, math.inf, 1), C("ninf", 1, 10, -math.inf, 2)]
-    assert doomed(cands, 0, 1, 0) == ["inf"]
-    assert doomed(cands, 0, 1, 0, sib=False) == ["ninf"]
+def test_infinities_rank_after_every_number_in_either_direction() -> None:
+    """A diverged trial's -inf (smaller is better) or +inf (larger is better) is never the best
+    checkpoint: like NaN, both infinities rank after every number, whichever is better."""
+    cands = [
+        C("inf", 1, 5, math.inf, 1),
+        C("ninf", 1, 10, -math.inf, 2),
+        C("good", 1, 15, 0.5, 3),
+        C("other", 2, 5, 0.7, 4),
+    ]
+    for sib in (True, False):
+        assert doomed(cands, 1, 1, 0, sib=sib) == ["inf", "ninf"]
+        assert doomed(cands, 0, 1, 0, sib=sib) == ["inf", "ninf"]
+    # still validations: among themselves they rank by recording order (a trial's only ones)
+    assert doomed(cands[:2], 0, 1, 0) == ["ninf"]
 
 
 def test_protected_checkpoints_stay() -> None:

@@ -284,3 +284,37 @@ def test_snapshot_round_trip_continues_identically() -> None:
         x.trace = out + out2  # type: ignore[attr-defined]
     assert s.trace == twin.trace  # type: ignore[attr-defined]
     assert s.snapshot() == twin.snapshot()
+
+
+@pytest.mark.parametrize(
+    "smaller_is_better,diverged",
+    [(True, float("-inf")), (False, float("inf")), (True, float("inf")), (False, float("-inf"))],
+)
+def test_infinite_metrics_rank_worst_in_either_direction(
+    smaller_is_better: bool, diverged: float
+) -> None:
+    """A diverged trial's infinite metric (even -inf when smaller is better) ranks as the worst
+    value, like NaN: it is stopped and never outranks a finite result."""
+    for name in ("async_halving", "adaptive_asha"):
+        extra = (
+            {"num_rungs": 2} if name == "async_halving" else {"max_rungs": 2, "mode": "aggressive"}
+        )
+        s = searcher(
+            {
+                "name": name,
+                "divisor": 2,
+                "max_trials": 4,
+                "max_concurrent_trials": 2,
+                "time_metric": "batches",
+                "max_time": 4,
+                "smaller_is_better": smaller_is_better,
+                **extra,
+            }
+        )
+        a, b = [c.request_id for c in creates(s.initial_actions())][:2]
+        assert s.on_validation(a, {"loss": 0.5, "batches": 2}) == []
+        out = s.on_validation(b, {"loss": diverged, "batches": 2})
+        assert out[0] == Stop(b), (name, out)
+        sign = 1.0 if smaller_is_better else -1.0
+        rung = s.method.subs[0] if isinstance(s.method, Tournament) else s.method
+        assert rung.rung_metrics(0) == [(a, sign * 0.5), (b, EXITED_METRIC)]

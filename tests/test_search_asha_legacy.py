@@ -351,3 +351,30 @@ def test_invalid_hp_is_closed_and_replaced() -> None:
     c = creates(out)
     assert len(c) == 1 and ValidateAfter(c[0].request_id, 4) in out
     assert s.method.invalid == 1
+
+
+@pytest.mark.parametrize(
+    "smaller_is_better,diverged",
+    [(True, float("-inf")), (False, float("inf")), (True, float("nan"))],
+)
+def test_infinite_metric_is_never_promoted(smaller_is_better: bool, diverged: float) -> None:
+    """Promotion ranks a diverged trial's infinite metric (-inf when smaller is better, +inf
+    when larger is) as the worst value, like NaN: the finite trial is promoted, not it."""
+    s = searcher(
+        {
+            "name": "async_halving",
+            "num_rungs": 2,
+            "max_length": {"batches": 8},
+            "max_trials": 4,
+            "divisor": 2,
+            "max_concurrent_trials": 2,
+            "smaller_is_better": smaller_is_better,
+        }
+    )
+    a, b = (c.request_id for c in creates(s.initial_actions()))
+    s.on_op_completed(a, 4, 0.5)
+    out = s.on_op_completed(b, 4, diverged)
+    assert ValidateAfter(a, 8) in out and not any(
+        isinstance(x, ValidateAfter) and x.request_id == b for x in out
+    ), out
+    assert s.rung_of(a) == 1 and s.rung_of(b) == 0

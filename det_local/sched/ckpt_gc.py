@@ -19,7 +19,8 @@ cannot be best: it is kept only as one of its trial's latest. The rest follows D
 * ranks are SQL ``rank()``: equal keys share a rank; metric ties are broken by the order in which
   the validations were recorded (earlier ranks first); two checkpoints paired with the same
   validation tie; checkpoints at the same steps_completed tie as latest;
-* NaN ranks after every number (as PostgreSQL sorts it);
+* NaN ranks after every number (as PostgreSQL sorts it), and so do +inf and -inf whichever
+  direction is better (an infinite metric is a diverged run, never the best checkpoint);
 * every recorded checkpoint takes part in the ranking, DELETED ones included (so a rerun selects
   the same set);
 * a checkpoint any trial was warm-started from (of any experiment) is never deleted.
@@ -103,10 +104,11 @@ class Candidate:
 
 
 def _metric_key(c: Candidate, sign: float) -> tuple[int, float, int]:
-    """Sort key of `ORDER BY sign * metric ASC NULLS LAST, v.id ASC` (NaN after numbers)."""
+    """Sort key of `ORDER BY sign * metric ASC NULLS LAST, v.id ASC` (NaN and the infinities
+    after numbers)."""
     if c.metric is None:
         return (2, 0.0, 0)
-    if math.isnan(c.metric):
+    if not math.isfinite(c.metric):
         return (1, 0.0, c.validation_id)
     return (0, sign * c.metric, c.validation_id)
 

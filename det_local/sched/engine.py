@@ -44,7 +44,7 @@ from det_local.sched.policy import check_request
 from det_local.sched.queue import QueueMixin, _identity
 from det_local.sched.requests import RequestsMixin
 from det_local.sched.settings import DaemonSettings, load_settings
-from det_local.sched.trialsocket import TrialSocketMixin, _write
+from det_local.sched.trialsocket import SocketState, TrialSocketMixin, _write
 from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
@@ -134,6 +134,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.unmanaged: dict[int, TrialRun] = {}  # trial id -> unmanaged run (core_v2)
         self.procs: dict[int, executor.JobProc] = {}  # job id -> live process
         self.user_ids: dict[int, int] = {}  # experiment id -> submitter's uid
+        self.socket_state = SocketState()  # the trial socket's limits and refusal log
         self.waiting: dict[int, str] = {}  # queued job id -> why it waits
         self._preempting: set[int] = set()
         self.gc_running: set[int] = set()  # experiments whose checkpoint files are being removed

@@ -9,7 +9,8 @@ max_trials (not counting InvalidHP trials) have been created.
 
 Deliberate differences from Determined 0.38, all for reports Determined never gets in practice:
 a trial already told to stop (or that ended early) is not ranked again by later reports, and a
-NaN searcher metric ranks as the worst value rather than corrupting the rung order.
+NaN or infinite searcher metric (+inf or -inf, whichever direction is better) ranks as the worst
+value rather than corrupting the rung order (or winning it).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class AshaStopping:
                 f"ASHA needs '{self.time_metric}' (a number >= 0, e.g. batches trained) in "
                 "every validation report (searcher.time_metric)"
             )
-        if value != value:
+        if not math.isfinite(value):  # NaN, +inf or -inf: the worst, whichever is better
             value = EXITED_METRIC
         elif not self.smaller_is_better:
             value = -value

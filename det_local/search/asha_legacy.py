@@ -22,6 +22,7 @@ its turn to be promoted comes.
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 from det_local.search.actions import Action, Close, SearchState, ValidateAfter
@@ -109,7 +110,7 @@ class _OperationAsha:
 
     def _signed(self, metric: float) -> float:
         v = float(metric)
-        if v != v:
+        if not math.isfinite(v):  # NaN, +inf or -inf: the worst, whichever is better
             return EXITED_METRIC
         return v if self.smaller_is_better else -v
 

@@ -21,6 +21,7 @@ import collections
 import itertools
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -90,11 +91,14 @@ class Session:
                     },
                 )
                 answer = rpc.recv(sock)
+                if answer is not None and answer.get("retry"):  # busy: many connecting at once
+                    sock.close()
+                    raise _Busy
                 if answer is None or answer.get("error"):
                     reason = answer.get("error") if answer else "connection closed"
                     raise SessionError(f"det-local daemon refused trial {self.trial_id}: {reason}")
                 break
-            except OSError:
+            except (OSError, _Busy):
                 if time.monotonic() > deadline or self._closed:
                     raise SessionError(
                         f"cannot reach the det-local daemon at {self.socket_path}; "
@@ -130,6 +134,16 @@ class Session:
                     waiter[0].set()
 
     def _send_frame(self, msg: dict[str, Any]) -> None:
+        data = rpc.pack(msg)
+        if len(data) - rpc.HEADER.size > rpc.SESSION_MAX_FRAME:
+            raise SessionError(
+                f"'{msg.get('t')}' message of {len(data)} bytes is over the det-local daemon's "
+                f"{rpc.SESSION_MAX_FRAME} byte limit (a checkpoint of too many files, or "
+                "metadata too large?)"
+            )
+        self._send_packed(data)
+
+    def _send_packed(self, data: bytes) -> None:
         """Send, reconnecting once if the daemon went away meanwhile."""
         with self._send_lock:
             for attempt in range(2):
@@ -137,7 +151,7 @@ class Session:
                     self._connect()
                 assert self._sock is not None
                 try:
-                    rpc.send(self._sock, msg)
+                    self._sock.sendall(data)
                     return
                 except OSError:
                     self._connected.clear()
@@ -159,11 +173,14 @@ class Session:
             while self._queue:
                 n = min(len(self._queue), MAX_BATCH)
                 batch = [self._queue.popleft() for _ in range(n)]
-                try:
-                    self._send_frame({"t": "metrics", "reports": batch})
-                except BaseException:
-                    self._queue.extendleft(reversed(batch))  # keep them for the next try
-                    raise
+                frames = _metric_frames(batch)
+                for i, (_part, data) in enumerate(frames):
+                    try:
+                        self._send_packed(data)
+                    except BaseException:
+                        unsent = [r for p, _ in frames[i:] for r in p]
+                        self._queue.extendleft(reversed(unsent))  # keep them for the next try
+                        raise
 
     def _send_loop(self) -> None:
         while not self._closed:
@@ -226,6 +243,30 @@ class Session:
                 self._sock.close()
             except OSError:
                 pass
+
+
+class _Busy(Exception):
+    """The daemon answered hello with 'busy, retry'."""
+
+
+def _metric_frames(batch: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, ...]], bytes]]:
+    """(reports, packed frame) pairs within the daemon's frame limit: a batch too large is
+    split in halves; a single report too large for any frame is dropped with a warning."""
+    data = rpc.pack({"t": "metrics", "reports": batch})
+    if len(data) - rpc.HEADER.size <= rpc.SESSION_MAX_FRAME:
+        return [(batch, data)]
+    if len(batch) == 1:
+        group, steps = batch[0][0], batch[0][1]
+        print(
+            f"det-local: warning: {group} metrics at steps_completed={steps} take {len(data)} "
+            f"bytes, over the daemon's {rpc.SESSION_MAX_FRAME} byte limit; not recorded "
+            "(report fewer or smaller batch_metrics)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    mid = len(batch) // 2
+    return _metric_frames(batch[:mid]) + _metric_frames(batch[mid:])
 
 
 _session: Session | None = None
