@@ -52,7 +52,7 @@ import os
 import shutil
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -190,6 +190,8 @@ class GcPlan:
     experiment_id: int
     deleted: list[str]  # marked DELETED by this pass
     targets: list[tuple[str, str]]  # (uuid, recorded path) of every DELETED checkpoint
+    # (uuid, path) of checkpoints begun and never completed (their trials died writing them)
+    incomplete: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _checkpoint_dir(uuid: str, recorded: str) -> Path | None:
@@ -234,7 +236,15 @@ def mark(store: Store, experiment_id: int, *, protected: Iterable[str] = ()) -> 
         store.mark_checkpoints_deleted(newly)  # committed before any file goes
     deleted.update(newly)
     targets = [(c.uuid, c.path) for c in listed if c.uuid in deleted]
-    return GcPlan(experiment_id, newly, targets)
+    incomplete = store.list_incomplete_checkpoints(experiment_id=experiment_id)
+    return GcPlan(experiment_id, newly, targets + incomplete, incomplete)
+
+
+def settled(targets: Sequence[tuple[str, str]], failed: Sequence[str]) -> list[str]:
+    """The uuids of `targets` whose directories are gone now (removed, or never there): all
+    but those remove_targets() reported as failures."""
+    failed_ids = {f.split(":", 1)[0] for f in failed}
+    return [u for u, _ in targets if u not in failed_ids]
 
 
 def remove_targets(
@@ -300,8 +310,11 @@ def remove_files(
     return remove_targets(targets, _remover_as(identity))
 
 
-def finish(store: Store, experiment_id: int) -> int:
-    """Mark the experiment collected; the number of checkpoints it keeps."""
+def finish(store: Store, plan: GcPlan, failed: Sequence[str] = ()) -> int:
+    """Forget the incomplete checkpoints whose directories are gone and mark the experiment
+    collected; the number of checkpoints it keeps."""
+    experiment_id = plan.experiment_id
+    store.drop_incomplete_checkpoints(settled(plan.incomplete, failed))
     store.set_checkpoint_gc(experiment_id, GC_DONE)
     return sum(
         1
@@ -322,7 +335,7 @@ def collect(
     collected at the end. `identity` (uid/gid/groups): remove files with that user's rights."""
     plan = mark(store, experiment_id, protected=protected)
     removed, failed = remove_files(plan.targets, identity)
-    return GcResult(plan.deleted, removed, failed, finish(store, experiment_id))
+    return GcResult(plan.deleted, removed, failed, finish(store, plan, failed))
 
 
 # ---------------------------------------------------------------------------- engine hooks
@@ -416,11 +429,19 @@ def _failed(engine: Engine, experiment_id: int, err: BaseException) -> None:
 def _finished(engine: Engine, plan: GcPlan, removed: list[str], failed: list[str]) -> None:
     experiment_id = plan.experiment_id
     try:
-        kept = finish(engine.store, experiment_id)
+        kept = finish(engine.store, plan, failed)
     except Exception as err:
         _failed(engine, experiment_id, err)
         return
-    gone = len(set(plan.deleted) | set(removed))
+    partial = {u for u, _ in plan.incomplete}
+    for uuid in removed:
+        if uuid in partial:
+            engine.note(
+                f"experiment {experiment_id}: checkpoint GC removed incomplete checkpoint "
+                f"{uuid} (its trial stopped while writing it)",
+                experiment_id=experiment_id,
+            )
+    gone = len((set(plan.deleted) | set(removed)) - partial)
     if gone:
         engine.note(
             f"experiment {experiment_id}: checkpoint GC deleted {gone} "

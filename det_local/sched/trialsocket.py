@@ -73,7 +73,9 @@ class TrialSocketMixin:
                 return
             if kind == "status":
                 return
-            if kind == "checkpoint":
+            if kind == "ckpt_begin":
+                self._on_checkpoint_begin(run, exp, msg)
+            elif kind == "checkpoint":
                 self._on_checkpoint(run, msg)
             elif kind == "ckpt_delete":
                 self.store.mark_checkpoint_deleted(str(msg["uuid"]))
@@ -169,6 +171,28 @@ class TrialSocketMixin:
         exp.progress[run.trial_id] = progress
         exp.searcher.set_trial_progress(run.request_id, progress)
         self.store.set_experiment_progress(exp.id, exp.searcher.progress())
+
+    def _on_checkpoint_begin(
+        self: Engine, run: TrialRun, exp: ExperimentRun, msg: dict[str, Any]
+    ) -> None:
+        """The trial is about to make a checkpoint's directory: recorded first, so that if it
+        dies before the checkpoint is complete the directory is found and removed. The path is
+        the daemon's own (the experiment's storage and the uuid), never one the trial names."""
+        import uuid as uuidlib
+
+        uuid_ = str(msg.get("uuid", ""))
+        try:
+            well_formed = str(uuidlib.UUID(uuid_)) == uuid_
+        except ValueError:
+            well_formed = False
+        if not well_formed:
+            raise DetLocalError(f"ckpt_begin: {uuid_[:64]!r} is not a checkpoint uuid")
+        self.store.add_incomplete_checkpoint(
+            uuid_,
+            experiment_id=run.experiment_id,
+            trial_id=run.trial_id,
+            path=str(exp.checkpoint_dir / uuid_),
+        )
 
     def _on_checkpoint(self: Engine, run: TrialRun, msg: dict[str, Any]) -> None:
         uuid_ = str(msg["uuid"])

@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     env TEXT,
     exit_code INTEGER,
     message TEXT,
-    preempt_acked INTEGER NOT NULL DEFAULT 0
+    preempt_acked INTEGER NOT NULL DEFAULT 0,
+    umask INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_by_position ON jobs(position);
@@ -69,7 +70,7 @@ DONE = "DONE"
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
     "trial_id, slots, pid, pid_start, token, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, env, exit_code, message, preempt_acked"
+    "cwd, env, exit_code, message, preempt_acked, umask"
 )
 # the scheduler's and `job list`'s view: without the (large) environment of commands; the
 # scheduling pass also skips argv (`get` reads the whole row when a job starts)
@@ -108,6 +109,7 @@ class JobRecord:
     # the running trial acknowledged a preemption (kept for a daemon that restarts before it
     # exits: its exit then means "requeue me", not "done")
     preempt_acked: bool = False
+    umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -149,6 +151,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         exit_code=r[22],
         message=r[23],
         preempt_acked=bool(r[24]),
+        umask=r[25],
     )
 
 
@@ -222,6 +225,8 @@ class JobTable:
             columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
             if "preempt_acked" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
+            if "umask" not in columns:  # a database from before the column
+                conn.execute("ALTER TABLE jobs ADD COLUMN umask INTEGER")
 
     # -- the writer's copy of the active jobs ----------------------------------------------
     def reload(self) -> None:
@@ -269,13 +274,14 @@ class JobTable:
         argv: list[str] | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        umask: int | None = None,
     ) -> int:
         now = time.time()
         cur = self.conn.execute(
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
-            " experiment_id, trial_id, submitted_at, argv, cwd, env)"
+            " experiment_id, trial_id, submitted_at, argv, cwd, env, umask)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            f" ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
+            f" ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -290,6 +296,7 @@ class JobTable:
                 json.dumps(argv) if argv is not None else None,
                 cwd,
                 json.dumps(env) if env is not None else None,
+                umask,
             ),
         )
         rows = cur.fetchall()
