@@ -996,7 +996,7 @@ def _write_info(info: Any, info_dir: Path, owner: userfiles.Owner | None) -> Non
     info_dir.mkdir(mode=0o700)
     info._to_files(info_dir)
     for path in sorted(info_dir.iterdir()):
-        userfiles.give_file(path, owner, 0o600 if path.name == _INFO_SECRET else None)
+        userfiles.give_file(path, owner, secret=path.name == _INFO_SECRET)
     userfiles.make_dir(info_dir, owner)  # the trial writes in it (TensorBoard files)
 
 

@@ -229,14 +229,15 @@ def make_dir(path: Path, owner: Owner) -> None:
         os.close(fd)
 
 
-def give_file(path: Path, owner: Owner, mode: int | None = None) -> None:
+def give_file(path: Path, owner: Owner, *, secret: bool = False) -> None:
     """A file the root daemon just wrote for the job (in a directory of its own): to the user,
-    with `mode` (default: from the umask)."""
+    mode from the umask (readable by admins), or 0600 when it holds a secret of the user's."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fchown(fd, owner.uid, owner.gid)
-        os.fchmod(fd, file_mode(owner.umask) if mode is None else mode)
-        grant_admin(fd, owner.admin_gid)
+        os.fchmod(fd, 0o600 if secret else file_mode(owner.umask))
+        if not secret:
+            grant_admin(fd, owner.admin_gid)
     finally:
         os.close(fd)
 
