@@ -28,6 +28,10 @@ One deliberate difference: Determined partitions the latest-ranking by the *vali
 so checkpoints without a validation compete across trials for ``save_trial_latest``; det-local
 ranks each checkpoint among its own trial's checkpoints, as the setting is documented.
 
+The same pass removes the directories of the experiment's incomplete checkpoints: begun by a
+trial that died before recording them (``ckpt_begin`` without a ``checkpoint``); they were never
+checkpoints (no record lists them), and their entries are dropped once the directories are gone.
+
 Not collected: experiments run in test mode (`det-local run --test`, whose report points at its
 checkpoint; Determined would delete it, its ``save_*`` being 0), PAUSED or ACTIVE experiments,
 and experiments that ended before det-local had checkpoint GC.
