@@ -34,10 +34,13 @@ from test_multiuser import ADMIN, ADMIN_GROUP, A, B, Shared, accounts, shared  #
 import det_local.cli.cmd
 import det_local.cli.main
 import det_local.cli.trial  # noqa: F401
+import det_local.trial.core
 from det_local import api
 from det_local.errors import DetLocalError
 from det_local.store.states import State
 
+with contextlib.suppress(ImportError):  # what a trial imports to write a checkpoint
+    import det_local.store.acl  # noqa: F401
 _MAIN = typer.main.get_command(det_local.cli.main.app)
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (real users, chown)")
 
@@ -151,6 +154,37 @@ def test_a_private_users_trial_log_and_run_directory(shared: Shared) -> None:  #
     assert shared.as_user(B, read_or_denied, str(log)) == "permission denied"
     assert shared.as_user(B, read_or_denied, str(token)) == "permission denied"
     assert shared.as_user(ADMIN, cli, "trial", "logs", "1") == "trial-secret\n0077\n"
+
+
+def private_checkpoint(storage: str, admin_gid: int) -> str:
+    """A Core API checkpoint written with umask 077 by a trial of a root daemon (which tells
+    it the admin group's gid); its path."""
+    os.umask(0o077)
+    os.environ["DET_LOCAL_ADMIN_GID"] = str(admin_gid)
+    with (
+        det_local.trial.core.init(checkpoint_storage=storage) as core,
+        core.checkpoint.store_path({"steps_completed": 1}) as (path, _),
+    ):
+        (path / "sub").mkdir()
+        (path / "sub" / "weights").write_text("her weights")
+    return str(path)
+
+
+@root_only
+def test_admins_read_a_private_users_checkpoint(shared: Shared) -> None:  # noqa: F811
+    import grp
+
+    storage = shared.out / "ckpts"  # as det-local's own default storage: anyone creates
+    storage.mkdir()
+    os.chmod(storage, 0o1777)
+    ckpt = Path(
+        shared.as_user(A, private_checkpoint, str(storage), grp.getgrnam(ADMIN_GROUP).gr_gid)
+    )
+    weights = ckpt / "sub" / "weights"
+    for path in (ckpt, ckpt / "sub", weights, ckpt / "metadata.json"):
+        private_to(path, A)
+    assert shared.as_user(B, read_or_denied, str(weights)) == "permission denied"
+    assert shared.as_user(ADMIN, read_or_denied, str(weights)) == "her weights"
 
 
 @root_only

@@ -554,6 +554,11 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                     self.inventory.cpu_threads(len(slots)), os.environ, config_env_vars(config)
                 )
                 + (["DET_LOCAL_TEST_MODE=1"] if exp.test_mode else [])
+                + (  # its checkpoints get the admin group's ACL entry (store/acl.py)
+                    [f"DET_LOCAL_ADMIN_GID={owner.admin_gid}"]
+                    if owner is not None and owner.admin_gid is not None
+                    else []
+                )
                 + [f"CUDA_VISIBLE_DEVICES={self.inventory.visible_devices(slots)}"]
                 + [f"{k}={v}" for k, v in port_env(ports).items()],
             ),

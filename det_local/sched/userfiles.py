@@ -20,12 +20,12 @@ import errno
 import grp
 import os
 import stat
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError, TrialError
+from det_local.store.acl import grant_admin
 
 DEFAULT_UMASK = 0o022  # what a job gets when its submission carries none (an older client)
 _KEEP_CLOSED = 0o022  # the daemon never makes a user's file group- or other-writable
@@ -110,46 +110,6 @@ def owner_for(identity: dict[str, Any], umask: int | None, admin_group: str) -> 
         DEFAULT_UMASK if umask is None else umask,
         admin_gid(admin_group),
     )
-
-
-# ---------------------------------------------------------------------------- the admin's ACL
-_ACL_VERSION = 2
-_USER_OBJ, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x04, 0x08, 0x10, 0x20
-_UNDEFINED = 0xFFFFFFFF
-
-
-def _acl(mode: int, gid: int, perm: int) -> bytes:
-    """The system.posix_acl_access value: the mode's entries plus group `gid` with `perm`."""
-    group_obj = (mode >> 3) & 7
-    entries = [
-        (_USER_OBJ, (mode >> 6) & 7, _UNDEFINED),
-        (_GROUP_OBJ, group_obj, _UNDEFINED),
-        (_GROUP, perm, gid),
-        (_MASK, group_obj | perm, _UNDEFINED),
-        (_OTHER, mode & 7, _UNDEFINED),
-    ]
-    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def grant_admin(fd: int, admin: int | None) -> None:
-    """Let the admin group read what fd's mode hides from others (a directory: and enter it).
-    fd's owner (or root) calls it."""
-    if admin is None:
-        return
-    st = os.fstat(fd)
-    mode = stat.S_IMODE(st.st_mode)
-    is_dir = stat.S_ISDIR(st.st_mode)
-    perm = 5 if is_dir else 4
-    if mode & 0o004 and (not is_dir or mode & 0o001):
-        return  # others may read it already
-    try:
-        os.setxattr(fd, "system.posix_acl_access", _acl(mode, admin, perm))
-    except OSError as err:
-        if err.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
-            raise
-        # no ACLs on this filesystem: the admin group owns the file instead
-        os.fchown(fd, -1, admin)
-        os.fchmod(fd, (mode & ~0o070) | (perm << 3))
 
 
 # ---------------------------------------------------------------------------- what the daemon makes
