@@ -26,6 +26,7 @@ def run(
     import os
 
     from det_local import api
+    from det_local.sched.userfiles import current_umask
 
     argv = list(ctx.args)
     if argv and argv[0] == "--":
@@ -39,6 +40,7 @@ def run(
             "slots": slots,
             "priority": priority,
             "name": name,
+            "umask": current_umask(),  # it runs with this shell's umask, as if run here
         },
     )
     print(f"Queued command {job_id}", flush=True)

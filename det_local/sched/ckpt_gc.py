@@ -29,6 +29,10 @@ One deliberate difference: Determined partitions the latest-ranking by the *vali
 so checkpoints without a validation compete across trials for ``save_trial_latest``; det-local
 ranks each checkpoint among its own trial's checkpoints, as the setting is documented.
 
+The same pass removes the directories of the experiment's incomplete checkpoints: begun by a
+trial that died before recording them (``ckpt_begin`` without a ``checkpoint``); they were never
+checkpoints (no record lists them), and their entries are dropped once the directories are gone.
+
 Not collected: experiments run in test mode (`det-local run --test`, whose report points at its
 checkpoint; Determined would delete it, its ``save_*`` being 0), PAUSED or ACTIVE experiments,
 and experiments that ended before det-local had checkpoint GC.
@@ -53,7 +57,7 @@ import os
 import shutil
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -193,6 +197,8 @@ class GcPlan:
     experiment_id: int
     deleted: list[str]  # marked DELETED by this pass
     targets: list[tuple[str, str]]  # (uuid, recorded path) of every DELETED checkpoint
+    # (uuid, path) of checkpoints begun and never completed (their trials died writing them)
+    incomplete: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _checkpoint_dir(uuid: str, recorded: str) -> Path | None:
@@ -237,7 +243,15 @@ def mark(store: Store, experiment_id: int, *, protected: Iterable[str] = ()) -> 
         store.mark_checkpoints_deleted(newly)  # committed before any file goes
     deleted.update(newly)
     targets = [(c.uuid, c.path) for c in listed if c.uuid in deleted]
-    return GcPlan(experiment_id, newly, targets)
+    incomplete = store.list_incomplete_checkpoints(experiment_id=experiment_id)
+    return GcPlan(experiment_id, newly, targets + incomplete, incomplete)
+
+
+def settled(targets: Sequence[tuple[str, str]], failed: Sequence[str]) -> list[str]:
+    """The uuids of `targets` whose directories are gone now (removed, or never there): all
+    but those remove_targets() reported as failures."""
+    failed_ids = {f.split(":", 1)[0] for f in failed}
+    return [u for u, _ in targets if u not in failed_ids]
 
 
 def remove_targets(
@@ -303,8 +317,11 @@ def remove_files(
     return remove_targets(targets, _remover_as(identity))
 
 
-def finish(store: Store, experiment_id: int) -> int:
-    """Mark the experiment collected; the number of checkpoints it keeps."""
+def finish(store: Store, plan: GcPlan, failed: Sequence[str] = ()) -> int:
+    """Forget the incomplete checkpoints whose directories are gone and mark the experiment
+    collected; the number of checkpoints it keeps."""
+    experiment_id = plan.experiment_id
+    store.drop_incomplete_checkpoints(settled(plan.incomplete, failed))
     store.set_checkpoint_gc(experiment_id, GC_DONE)
     return sum(
         1
@@ -325,7 +342,7 @@ def collect(
     collected at the end. `identity` (uid/gid/groups): remove files with that user's rights."""
     plan = mark(store, experiment_id, protected=protected)
     removed, failed = remove_files(plan.targets, identity)
-    return GcResult(plan.deleted, removed, failed, finish(store, experiment_id))
+    return GcResult(plan.deleted, removed, failed, finish(store, plan, failed))
 
 
 # ---------------------------------------------------------------------------- engine hooks
@@ -423,11 +440,19 @@ def _failed(engine: Engine, experiment_id: int, err: BaseException) -> None:
 def _finished(engine: Engine, plan: GcPlan, removed: list[str], failed: list[str]) -> None:
     experiment_id = plan.experiment_id
     try:
-        kept = finish(engine.store, experiment_id)
+        kept = finish(engine.store, plan, failed)
     except Exception as err:
         _failed(engine, experiment_id, err)
         return
-    gone = len(set(plan.deleted) | set(removed))
+    partial = {u for u, _ in plan.incomplete}
+    for uuid in removed:
+        if uuid in partial:
+            engine.note(
+                f"experiment {experiment_id}: checkpoint GC removed incomplete checkpoint "
+                f"{uuid} (its trial stopped while writing it)",
+                experiment_id=experiment_id,
+            )
+    gone = len((set(plan.deleted) | set(removed)) - partial)
     if gone:
         engine.note(
             f"experiment {experiment_id}: checkpoint GC deleted {gone} "

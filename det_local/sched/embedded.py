@@ -109,6 +109,7 @@ def run_experiment(
 
     def remote(p: Paths) -> int:
         from det_local.sched.control import remote_request
+        from det_local.sched.userfiles import current_umask
 
         payload = {
             "config": cfg.to_dict(),
@@ -116,6 +117,7 @@ def run_experiment(
             "source": source,
             "test_mode": test_mode,
             "env": env,
+            "umask": current_umask(),  # its trials run with this umask, as if run here
         }
         return int(remote_request(p, "submit", payload))
 

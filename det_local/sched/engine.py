@@ -29,7 +29,7 @@ from det_local.errors import (
     StateError,
 )
 from det_local.launch.ports import allocate_ports, port_env
-from det_local.sched import ckpt_gc, executor, spool, unmanaged
+from det_local.sched import ckpt_gc, executor, spool, unmanaged, userfiles
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -251,6 +251,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         user: str | None = None,
         uid: int | None = None,
         env: dict[str, str] | None = None,
+        umask: int | None = None,
     ) -> int:
         """Validate, snapshot the context, record the experiment and start its searcher.
 
@@ -261,6 +262,10 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         twice: one batch + validation + checkpoint, then a fresh process that restores that
         checkpoint and trains one more batch."""
 
+        from det_local.sched.userfiles import check_umask, current_umask
+
+        # the submitter's umask: its trials run with it (a local run: this process's own)
+        umask = current_umask() if umask is None and uid is None else check_umask(umask)
         if test_mode:
             from det_local.config import make_test_config
 
@@ -296,6 +301,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 labels=cfg.labels,
                 description=cfg.description,
                 user=user or self.user,
+                umask=umask,
             )
             # before the commit; always written: an id a rolled-back submission had is reused
             self.private.save_experiment_env(exp_id, allowed_submitter_vars(env or {}))
@@ -442,17 +448,21 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         ckpts = [
             c for c in self.store.list_checkpoints(trial_id=trial_id) if c.state == "COMPLETED"
         ]
+        missing: set[str] = set()  # found gone from disk just now
         for ckpt in sorted(ckpts, key=lambda c: (c.steps_completed, c.created_at), reverse=True):
             if Path(ckpt.path).is_dir():
                 if ckpt.uuid != trial.latest_checkpoint:
+                    message, level = self._not_latest(
+                        trial_id, trial.latest_checkpoint, ckpt, missing
+                    )
                     self.note(
-                        f"trial {trial_id}: checkpoint {trial.latest_checkpoint} is gone from "
-                        f"disk; resuming from {ckpt.uuid} (steps_completed={ckpt.steps_completed})",
+                        message,
                         experiment_id=trial.experiment_id,
                         trial_id=trial_id,
-                        level="WARNING",
+                        level=level,
                     )
                 return ckpt.uuid, ckpt.steps_completed
+            missing.add(ckpt.uuid)
             self.store.mark_checkpoint_deleted(ckpt.uuid)
         raise CheckpointError(
             f"trial {trial_id}: its checkpoints (latest {trial.latest_checkpoint}) are gone from "
@@ -470,6 +480,26 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             return None
         ckpt = restore_checkpoint(self.store, trial_id)
         return None if ckpt is None else (ckpt.uuid, ckpt.steps_completed)
+
+    def _not_latest(
+        self, trial_id: int, latest: str, chosen: Any, missing: set[str]
+    ) -> tuple[str, str]:
+        """(message, level) when _resume_point picked `chosen` (the checkpoint with the most
+        steps still on disk), not `latest` (the trial's most recently recorded one): why."""
+        resuming = f"resuming from {chosen.uuid} (steps_completed={chosen.steps_completed})"
+        if latest in missing:
+            return f"trial {trial_id}: checkpoint {latest} is gone from disk; {resuming}", "WARNING"
+        try:
+            rec = self.store.get_checkpoint(latest)
+        except NotFoundError:
+            return f"trial {trial_id}: checkpoint {latest} is not recorded; {resuming}", "WARNING"
+        if rec.state == CHECKPOINT_DELETED:
+            return f"trial {trial_id}: checkpoint {latest} was deleted; {resuming}", "WARNING"
+        return (
+            f"trial {trial_id}: {resuming}, which has more steps than its latest checkpoint "
+            f"{latest} (steps_completed={rec.steps_completed})",
+            "INFO",
+        )
 
     def _start_trial(
         self,
@@ -529,8 +559,16 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             resources_info=ResourcesInfo(gpu_uuids),
         )
         identity = _identity(job.uid)
-        # cluster.json holds the run's token: the trial's user's alone (0600)
-        info._to_files(info_dir, owner=(identity["uid"], identity["gid"]) if identity else None)
+        self._remove_incomplete(exp, trial_id, identity)
+        owner = userfiles.owner_for(identity, job.umask, self.settings.admin_group)
+        try:
+            _write_info(info, info_dir, owner)
+        except (OSError, DetLocalError) as err:
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            self._trial_failed_to_start(
+                exp, trial_id, f"trial {trial_id}: cannot write its run directory {info_dir}: {why}"
+            )
+            return
         # unique rendezvous ports per running trial, so two multi-slot trials never collide
         ports = allocate_ports(in_use=[p for r in self.runs.values() for p in r.ports.values()])
         # a clean environment: the submitter's allow-listed variables, never the daemon's
@@ -565,6 +603,11 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                     visible_devices=self.inventory.visible_devices(slots),
                     ports=port_env(ports),
                     test_mode=exp.test_mode,
+                )
+                + (  # its checkpoints get the admin group's ACL entry (store/acl.py)
+                    [f"DET_LOCAL_ADMIN_GID={owner.admin_gid}"]
+                    if owner is not None and owner.admin_gid is not None
+                    else []
                 ),
             ),
             cwd=str(context),
@@ -573,11 +616,16 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             log_path=str(self.paths.trial_log(exp.id, trial_id)),
             info_dir=str(info_dir),
             ports=ports,
+            umask=job.umask,
+            admin_gid=owner.admin_gid if owner is not None else None,
             **identity,
         )
         try:  # a storage path of the user's choosing is created with the user's rights
             with executor.acting_as(**identity):
-                exp.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                if owner is None:
+                    exp.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                else:  # and their umask
+                    userfiles.makedirs_as_user(exp.checkpoint_dir, owner)
         except OSError as err:
             self._trial_failed_to_start(
                 exp,
@@ -586,13 +634,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 f" as {job.user}: {err.strerror}; fix checkpoint_storage",
             )
             return
-        if identity:
-            _share_with(
-                identity["uid"],
-                identity["gid"],
-                info_dir,
-                exp.checkpoint_dir if exp.checkpoint_dir == self.paths.checkpoints else None,
-            )
+        if identity and exp.checkpoint_dir == self.paths.checkpoints:
+            _share_with(exp.checkpoint_dir)
         run = TrialRun(
             trial_id, exp.id, exp.request_of[trial_id], run_id, token, job.id, 0, ports=ports
         )
@@ -605,6 +648,33 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             self._trial_failed_to_start(exp, trial_id, f"trial {trial_id}: {err}")
             return
         run.pid = proc.pid
+
+    def _remove_incomplete(
+        self, exp: ExperimentRun, trial_id: int, identity: dict[str, Any]
+    ) -> None:
+        """Before a trial starts again: the directories of checkpoints an earlier run began
+        and never completed (it died while writing them) are removed, with the owner's rights
+        (links are removed, never followed)."""
+        targets = self.store.list_incomplete_checkpoints(trial_id=trial_id)
+        if not targets:
+            return
+        removed, failed = ckpt_gc.remove_files(targets, identity)
+        self.store.drop_incomplete_checkpoints(ckpt_gc.settled(targets, failed))
+        for uuid_ in removed:
+            self.note(
+                f"trial {trial_id}: removed incomplete checkpoint {uuid_} (an earlier run "
+                "stopped while writing it)",
+                experiment_id=exp.id,
+                trial_id=trial_id,
+            )
+        for failure in failed:
+            self.note(
+                f"trial {trial_id}: could not remove incomplete checkpoint {failure}; "
+                "checkpoint GC tries again when the experiment ends",
+                experiment_id=exp.id,
+                trial_id=trial_id,
+                level="WARNING",
+            )
 
     def _adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun:
         """A TrialRun for a trial process an earlier daemon started (its token is derived again
@@ -957,14 +1027,31 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _share_with(uid: int, gid: int | None, info_dir: Path, storage: Path | None) -> None:
-    """System mode: the trial runs as its submitter, who must write its info directory (and
-    TensorBoard files in it) and new checkpoints in the shared storage directory (`storage`:
-    det-local's own default storage only; never a directory a user named)."""
+_INFO_SECRET = "cluster.json"  # holds the run's session token: its owner's eyes only
+
+
+def _write_info(info: Any, info_dir: Path, owner: userfiles.Owner | None) -> None:
+    """The run's info files. System mode: written while the directory is root's and private,
+    then the files and the directory are given to the trial's user (mode from their umask,
+    readable by admins; cluster.json, which holds the session token, 0600)."""
+    if owner is None:
+        info._to_files(info_dir)
+        return
+    info_dir.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(info_dir):  # left by a daemon that crashed while starting this run
+        shutil.rmtree(info_dir)  # (links in it are removed, never followed)
+    info_dir.mkdir(mode=0o700)
+    info._to_files(info_dir)
+    for path in sorted(info_dir.iterdir()):
+        userfiles.give_file(path, owner, secret=path.name == _INFO_SECRET)
+    userfiles.make_dir(info_dir, owner)  # the trial writes in it (TensorBoard files)
+
+
+def _share_with(storage: Path) -> None:
+    """System mode: the trial runs as its submitter, who must create new checkpoints in the
+    shared storage directory (det-local's own default storage only; never a directory a user
+    named)."""
     try:
-        os.chown(info_dir, uid, gid if gid is not None else -1)
-        if storage is None:
-            return
         st = storage.stat()
         if st.st_uid == 0 and st.st_mode & 0o1777 != 0o1777:
             os.chmod(storage, 0o1777)  # anyone creates, only owners delete (like /tmp)

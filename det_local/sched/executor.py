@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from det_local.errors import TrialError
+from det_local.sched import userfiles
 from det_local.sched.plan import LaunchPlan
 
 # $0 is the exit file. The command runs in the foreground: a trapped signal reaches the
@@ -75,11 +76,11 @@ def spawn(job_id: int, plan: LaunchPlan, exit_file: Path) -> JobProc:
         exit_file.unlink()
     except FileNotFoundError:
         pass
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # system mode: the submitter's file, mode from their umask, readable by admins
+    fd = userfiles.open_log(log, userfiles.owner_of(plan))
     as_user: dict[str, object] = {}
     if plan.uid is not None and os.geteuid() == 0 and plan.uid != 0:
         # system mode: the job runs as its submitter
-        os.fchown(fd, plan.uid, plan.gid if plan.gid is not None else -1)
         if exit_file.parent.stat().st_uid != plan.uid:
             os.chown(exit_file.parent, plan.uid, plan.gid if plan.gid is not None else -1)
         as_user = {"user": plan.uid, "group": plan.gid, "extra_groups": plan.groups or []}
@@ -93,6 +94,7 @@ def spawn(job_id: int, plan: LaunchPlan, exit_file: Path) -> JobProc:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            umask=-1 if plan.umask is None else plan.umask,
             **as_user,
         )
     except OSError as err:

@@ -39,6 +39,8 @@ class LaunchPlan:
     uid: int | None = None  # run as this user (system mode); None: as the daemon's user
     gid: int | None = None
     groups: list[int] | None = None
+    umask: int | None = None  # the submitter's umask: the job's processes run with it
+    admin_gid: int | None = None  # system mode: this group may read the job's files (ACL)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,6 +8,7 @@ and adopting job processes. The policy itself (who goes first, who is preempted)
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -245,6 +246,7 @@ class QueueMixin:
                 slots_needed=int(exp.config.resources.slots_per_trial),
                 experiment_id=exp.id,
                 trial_id=trial_id,
+                umask=self.store.get_experiment_umask(exp.id),
             )
         elif job.state != QUEUED:
             self.store.jobs.requeue(job.id)
@@ -288,8 +290,11 @@ class QueueMixin:
         uid: int,
         name: str | None = None,
         kind: str = COMMAND,
+        umask: int | None = None,
     ) -> int:
         import shutil
+
+        from det_local.sched.userfiles import check_umask
 
         if kind not in TASK_KINDS:
             raise DetLocalError(
@@ -327,6 +332,7 @@ class QueueMixin:
             slots_needed=slots,
             argv=argv,
             cwd=cwd,
+            umask=check_umask(umask),
         )
         # the environment may hold the submitter's secrets: a private file, never the database
         # (written before the request commits; always written: a rolled-back id is reused)
@@ -337,7 +343,18 @@ class QueueMixin:
     def _start_command(self: Engine, job: JobRecord) -> None:
         import os
 
+        from det_local.sched import userfiles
+
         assert job.argv is not None
+        identity = _identity(job.uid)
+        owner = userfiles.owner_for(identity, job.umask, self.settings.admin_group)
+        if owner is not None:  # its directory (log, exit files) is the user's, as private
+            try:
+                userfiles.make_dir(self.paths.job_dir(job.id), owner)
+            except (OSError, TrialError) as err:
+                why = err.strerror if isinstance(err, OSError) else str(err)
+                self.store.jobs.finish(job.id, None, f"command {job.id} could not start: {why}")
+                return
         try:
             env = self.private.job_env(job.id) or {}  # as its submitter had it
         except DetLocalError as err:  # a damaged (or replaced) private file
@@ -362,7 +379,9 @@ class QueueMixin:
             slots=list(job.slots),
             log_path=str(self.paths.command_log(job.id)),
             info_dir=str(self.paths.job_dir(job.id)),
-            **_identity(job.uid),
+            umask=job.umask,
+            admin_gid=owner.admin_gid if owner is not None else None,
+            **identity,
         )
         try:
             if not os.path.isdir(plan.cwd):
@@ -380,9 +399,14 @@ class QueueMixin:
 
         d = self.paths.job_dir(job.id)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / "allocation.json.tmp"
-        tmp.write_text(json.dumps({"slots": job.slots, "cuda_visible_devices": visible}))
-        os.chmod(tmp, 0o644)
+        # the directory may be the job's user's: a new name, never through a link put there
+        tmp = d / f".allocation.json.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, json.dumps({"slots": job.slots, "cuda_visible_devices": visible}).encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, d / "allocation.json")
 
     def _on_command_exit(self: Engine, job: JobRecord, code: int) -> None:

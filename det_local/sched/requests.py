@@ -388,6 +388,7 @@ class RequestsMixin:
 
         p = req.payload
         source = str(p.get("source", "<config>"))
+        umask = self._umask_of(req)
         cfg = parse_config(p["config"], source=source)
         return self.submit(
             cfg,
@@ -397,7 +398,19 @@ class RequestsMixin:
             user=req.user,
             uid=req.uid,
             env={str(k): str(v) for k, v in (p.get("env") or {}).items()},
+            umask=umask,
         )
+
+    def _umask_of(self: Engine, req: Request) -> int:
+        """The submitter's umask sent with a submission (user input: checked; absent, from an
+        older client: 0o022)."""
+        from det_local.sched.userfiles import BadUmask, check_umask
+
+        try:
+            return check_umask(req.payload.get("umask"))
+        except BadUmask as err:
+            self._log_safely(f"refused request {req.path.name} of {req.user}: {err}")
+            raise
 
     def _req_job_update(self: Engine, req: Request) -> str:
         p = req.payload
@@ -437,6 +450,7 @@ class RequestsMixin:
             uid=req.uid,
             name=p.get("name"),
             kind=str(p.get("kind", "COMMAND")),
+            umask=self._umask_of(req),
         )
 
     def _req_daemon_stop(self: Engine, req: Request) -> str:

@@ -31,8 +31,10 @@ class MissingTool(DetLocalError):
 
 def _submit(paths: Paths, payload: dict[str, Any]) -> int:
     from det_local.sched.control import control_job
+    from det_local.sched.userfiles import current_umask
 
-    return int(control_job(paths, "cmd_run", payload))
+    # the job runs with this client's umask, as if it were run here
+    return int(control_job(paths, "cmd_run", {**payload, "umask": current_umask()}))
 
 
 def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[str, Any]:

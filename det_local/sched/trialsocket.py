@@ -308,6 +308,8 @@ class TrialSocketMixin:
                 self._on_progress(run, exp, float(msg["progress"]))
             elif kind == "status":
                 pass
+            elif kind == "ckpt_begin":
+                self._on_checkpoint_begin(run, exp, msg)
             elif kind == "checkpoint":
                 self._on_checkpoint(run, exp, msg, uid)
             elif kind == "ckpt_delete":
@@ -429,6 +431,28 @@ class TrialSocketMixin:
         self.store.set_experiment_progress(exp.id, exp.searcher.progress())
 
     # ================================================================== checkpoints
+    def _on_checkpoint_begin(
+        self: Engine, run: TrialRun, exp: ExperimentRun, msg: dict[str, Any]
+    ) -> None:
+        """The trial is about to make a checkpoint's directory: recorded first, so that if it
+        dies before the checkpoint is complete the directory is found and removed. The path is
+        the daemon's own (the experiment's storage and the uuid), never one the trial names."""
+        import uuid as uuidlib
+
+        uuid_ = str(msg.get("uuid", ""))
+        try:
+            well_formed = str(uuidlib.UUID(uuid_)) == uuid_
+        except ValueError:
+            well_formed = False
+        if not well_formed:
+            raise DetLocalError(f"ckpt_begin: {uuid_[:64]!r} is not a checkpoint uuid")
+        self.store.add_incomplete_checkpoint(
+            uuid_,
+            experiment_id=run.experiment_id,
+            trial_id=run.trial_id,
+            path=str(exp.checkpoint_dir / uuid_),
+        )
+
     def _own_checkpoint(self: Engine, run: TrialRun, uuid_: str, what: str) -> CheckpointRecord:
         """The record of one of this run's trial's checkpoints (Refused for anyone else's)."""
         ckpt = self.store.get_checkpoint(uuid_)

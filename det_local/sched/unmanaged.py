@@ -65,7 +65,14 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     """Record the experiment and its trial, register the run awaiting its hello, write the
     token file; the answer names ids and paths only."""
     from det_local.config import parse_config
-    from det_local.sched.engine import ExperimentRun, TrialRun, _share_with, checkpoint_dir_for
+    from det_local.sched import userfiles
+    from det_local.sched.engine import (
+        ExperimentRun,
+        TrialRun,
+        _share_with,
+        _write_info,
+        checkpoint_dir_for,
+    )
     from det_local.sched.queue import _identity
     from det_local.search import make_searcher
     from det_local.search.actions import Create, ValidateAfter
@@ -105,7 +112,7 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     run_id = engine.store.next_trial_run(trial_id)
 
     info_dir = engine.paths.trial_info_dir(exp_id, trial_id, run_id)
-    ClusterInfo(
+    info = ClusterInfo(
         master_url="unix://" + str(engine.paths.socket),
         cluster_id="det-local",
         agent_id="unmanaged",
@@ -124,16 +131,12 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
             trial_run_id=run_id,
         ),
         user_data=config.get("data") or {},
-    )._to_files(info_dir)
+    )
     identity = _identity(uid)
-    if identity:
-        default = engine.paths.checkpoints
-        _share_with(
-            identity["uid"],
-            identity["gid"],
-            info_dir,
-            exp.checkpoint_dir if exp.checkpoint_dir == default else None,
-        )
+    # the run directory is the process's user's (it writes TensorBoard files there)
+    _write_info(info, info_dir, userfiles.owner_for(identity, None, engine.settings.admin_group))
+    if identity and exp.checkpoint_dir == engine.paths.checkpoints:
+        _share_with(exp.checkpoint_dir)
 
     token = secrets.token_hex(32)
     token_file = write_token(engine, trial_id, run_id, token, uid)

@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS experiments (
     config TEXT NOT NULL,
     searcher_state TEXT,
     priority INTEGER,
-    checkpoint_gc TEXT
+    checkpoint_gc TEXT,
+    umask INTEGER
 );
 CREATE TABLE IF NOT EXISTS trials (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -80,6 +81,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS checkpoints_by_trial ON checkpoints(trial_id);
+CREATE TABLE IF NOT EXISTS checkpoints_incomplete (
+    uuid TEXT PRIMARY KEY,
+    experiment_id INTEGER NOT NULL,
+    trial_id INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS metrics (
     id INTEGER PRIMARY KEY,
     trial_id INTEGER NOT NULL,
@@ -170,6 +178,8 @@ class Store:
                 self.conn.execute("ALTER TABLE experiments ADD COLUMN priority INTEGER")
             if "checkpoint_gc" not in columns:  # a database from before checkpoint GC
                 self._add_checkpoint_gc_column()
+            if "umask" not in columns:  # a database from before submitters' umasks
+                self.conn.execute("ALTER TABLE experiments ADD COLUMN umask INTEGER")
             self.jobs = JobTable(self.conn, readonly=False)
 
     def move_secrets_out(
@@ -234,10 +244,11 @@ class Store:
         labels: Iterable[str] = (),
         description: str | None = None,
         user: str | None = None,
+        umask: int | None = None,
     ) -> int:
         cur = self._write(
-            "INSERT INTO experiments(name, state, user, created_at, labels, description, config)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO experiments(name, state, user, created_at, labels, description, config,"
+            " umask) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 name,
                 State.ACTIVE.value,
@@ -246,10 +257,18 @@ class Store:
                 _dumps(sorted(set(labels))),
                 description,
                 _dumps(config),
+                umask,
             ),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
+
+    def get_experiment_umask(self, experiment_id: int) -> int | None:
+        """The umask its submitter's client had (None: submitted before it was recorded)."""
+        row = self.conn.execute(
+            "SELECT umask FROM experiments WHERE id=?", (experiment_id,)
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def set_experiment_context(self, experiment_id: int, context_dir: str) -> None:
         self._write("UPDATE experiments SET context_dir=? WHERE id=?", (context_dir, experiment_id))
@@ -446,6 +465,42 @@ class Store:
                 " WHERE id=?",
                 (ckpt.uuid, ckpt.steps_completed, ckpt.trial_id),
             )
+            self._write("DELETE FROM checkpoints_incomplete WHERE uuid=?", (ckpt.uuid,))
+
+    # A checkpoint being written: recorded (by the trial, through the daemon) before its
+    # directory is made, and dropped when it is recorded complete. One still here after its
+    # trial stopped never completed: its directory is removed at the trial's next start or by
+    # checkpoint GC. It is never a checkpoint: nothing lists it.
+    def add_incomplete_checkpoint(
+        self, uuid: str, *, experiment_id: int, trial_id: int, path: str
+    ) -> None:
+        self._write(
+            "INSERT OR IGNORE INTO checkpoints_incomplete(uuid, experiment_id, trial_id, path,"
+            " created_at) VALUES (?, ?, ?, ?, ?)",
+            (uuid, experiment_id, trial_id, path, time.time()),
+        )
+
+    def list_incomplete_checkpoints(
+        self, *, experiment_id: int | None = None, trial_id: int | None = None
+    ) -> list[tuple[str, str]]:
+        """(uuid, path) of the checkpoints begun and never recorded complete."""
+        sql = "SELECT uuid, path FROM checkpoints_incomplete"
+        where, args = [], []
+        if experiment_id is not None:
+            where.append("experiment_id=?")
+            args.append(experiment_id)
+        if trial_id is not None:
+            where.append("trial_id=?")
+            args.append(trial_id)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, uuid"
+        return [(str(r[0]), str(r[1])) for r in self.conn.execute(sql, args)]
+
+    def drop_incomplete_checkpoints(self, uuids: Iterable[str]) -> None:
+        """Forget incomplete checkpoints whose directories are gone."""
+        for uuid in uuids:
+            self._write("DELETE FROM checkpoints_incomplete WHERE uuid=?", (uuid,))
 
     def mark_checkpoint_deleted(self, uuid: str) -> None:
         self._write("UPDATE checkpoints SET state=? WHERE uuid=?", (CHECKPOINT_DELETED, uuid))

@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     env TEXT,
     exit_code INTEGER,
     message TEXT,
-    preempt_acked INTEGER NOT NULL DEFAULT 0
+    preempt_acked INTEGER NOT NULL DEFAULT 0,
+    umask INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_by_position ON jobs(position);
@@ -74,7 +75,7 @@ DONE = "DONE"
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
     "trial_id, slots, pid, pid_start, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, exit_code, message, preempt_acked"
+    "cwd, exit_code, message, preempt_acked, umask"
 )
 _LIST_COLS = _COLS
 # the scheduling pass skips argv (`get` reads the whole row when a job starts)
@@ -110,6 +111,7 @@ class JobRecord:
     # the running trial acknowledged a preemption (kept for a daemon that restarts before it
     # exits: its exit then means "requeue me", not "done")
     preempt_acked: bool = False
+    umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,6 +148,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         exit_code=r[20],
         message=r[21],
         preempt_acked=bool(r[22]),
+        umask=r[23],
     )
 
 
@@ -219,6 +222,8 @@ class JobTable:
             columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
             if "preempt_acked" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
+            if "umask" not in columns:  # a database from before the column
+                conn.execute("ALTER TABLE jobs ADD COLUMN umask INTEGER")
 
     # -- the writer's copy of the active jobs ----------------------------------------------
     def reload(self) -> None:
@@ -265,13 +270,14 @@ class JobTable:
         trial_id: int | None = None,
         argv: list[str] | None = None,
         cwd: str | None = None,
+        umask: int | None = None,
     ) -> int:
         now = time.time()
         cur = self.conn.execute(
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
-            " experiment_id, trial_id, submitted_at, argv, cwd)"
+            " experiment_id, trial_id, submitted_at, argv, cwd, umask)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            f" ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
+            f" ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -285,6 +291,7 @@ class JobTable:
                 now,
                 json.dumps(argv) if argv is not None else None,
                 cwd,
+                umask,
             ),
         )
         rows = cur.fetchall()

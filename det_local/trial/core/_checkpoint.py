@@ -3,7 +3,9 @@
 A checkpoint is the directory ``<storage>/<uuid>/`` holding the user's files and a
 ``metadata.json``. On det-local the storage directory is the experiment's checkpoint_storage
 (shared_fs host_path/storage_path) or DET_LOCAL_HOME/checkpoints; the daemon records every
-checkpoint before ``store_path``/``upload`` returns.
+checkpoint before ``store_path``/``upload`` returns. It also hears of each one before its
+directory is made (``ckpt_begin``): a directory whose checkpoint was never recorded (its trial
+died while writing it) is removed at the trial's next start or by checkpoint GC, never listed.
 
 With several ranks, as in Determined:
 
@@ -195,6 +197,11 @@ class CheckpointContext:
     def _report(self, storage_id: str, metadata: dict[str, Any]) -> None:
         path = self._dir_of(storage_id)
         _write_metadata(path, metadata)
+        admin = os.environ.get("DET_LOCAL_ADMIN_GID", "")
+        if admin.isdigit():  # a root daemon's trial: its admins read even private checkpoints
+            from det_local.store.acl import grant_admin_tree
+
+            grant_admin_tree(path, int(admin))
         sync_tree(path)  # durable before it is recorded (and before the trial goes on)
         if self._session is None:
             return
@@ -207,12 +214,23 @@ class CheckpointContext:
             resources=_resources(path),
         )
 
+    def _begin(self, storage_id: str) -> Path:
+        """Make a new checkpoint's directory, told to the daemon first: should the trial die
+        before the checkpoint is recorded, the daemon removes the directory it left (at the
+        trial's next start, or by checkpoint GC). One round trip, next to the checkpoint's
+        own fsyncs and the round trip that records it."""
+        if self._session is not None:
+            self._session.request("ckpt_begin", uuid=storage_id)
+        path = self._dir_of(storage_id)
+        path.mkdir(parents=True, exist_ok=False)
+        return path
+
     def _new_shared_dir(self) -> tuple[str, Path]:
         """The chief makes a new checkpoint directory; every rank learns its id."""
         storage_id = None
         if self._dist.rank == 0:
             storage_id = str(uuidlib.uuid4())
-            self._dir_of(storage_id).mkdir(parents=True, exist_ok=False)
+            self._begin(storage_id)
         storage_id = self._dist.broadcast(storage_id)
         assert isinstance(storage_id, str)
         return storage_id, self._dir_of(storage_id)
@@ -264,8 +282,7 @@ class CheckpointContext:
                 "shard=True to write from every rank"
             )
         storage_id = str(uuidlib.uuid4())
-        path = self._dir_of(storage_id)
-        path.mkdir(parents=True, exist_ok=False)
+        path = self._begin(storage_id)
         try:
             yield path, storage_id
         except BaseException:
