@@ -91,13 +91,16 @@ class Containment:
         cg = self.job(job_id, run_id)
         if cg is None:
             return None
+        deny = sorted(set(deny_minors))
+        if not deny:
+            cg.devices = None  # nothing to fence (a CPU inventory): one cgroup less to make
         for d in cg.dirs():
             try:
                 os.mkdir(d, 0o755)
             except FileExistsError:
                 cg.kill()
         if cg.devices is not None:
-            for minor in sorted(set(deny_minors)):
+            for minor in deny:
                 _write(cg.devices / "devices.deny", f"c {NVIDIA_MAJOR}:{minor} rwm")
         return cg
 
@@ -211,6 +214,31 @@ class JobCgroup:
             except OSError:
                 ok = False
         return ok
+
+
+def remove_home(home: Path, timeout: float = 5.0) -> None:
+    """Kill and remove every cgroup of this home (a test's teardown; an admin retiring a
+    home): the runs a kill -9'd daemon left behind included."""
+    digest = home_hash(home)
+    for point, kind, opts in _mounts():
+        if kind == "cgroup" and not opts & {"freezer", "devices"}:
+            continue
+        base = Path(point) / "det-local" / digest
+        try:
+            children = [p for p in base.iterdir() if p.is_dir()]
+        except OSError:
+            continue
+        for child in children:
+            cg = JobCgroup(V2 if kind == "cgroup2" else V1, child)
+            deadline = time.monotonic() + timeout
+            while cg.populated() and time.monotonic() < deadline:
+                cg.kill()
+                time.sleep(0.01)
+            cg.remove()
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
 
 
 def _write(path: Path, text: str) -> None:

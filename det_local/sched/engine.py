@@ -214,6 +214,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         except FileNotFoundError:
             pass
         self.store.close()
+        self.containment.remove_base()  # when no job runs on in it
 
     def _check_idle(self) -> None:
         active = any(
