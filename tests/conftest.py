@@ -438,4 +438,8 @@ def kill_home_processes(home: Path) -> list[int]:
     deadline = time.monotonic() + 5
     while not all(gone(pid) for pid in victims) and time.monotonic() < deadline:
         time.sleep(0.01)
+    if os.geteuid() == 0:  # the home's job cgroups (a kill -9'd daemon leaves them behind)
+        from det_local.sched.cgroups import remove_home
+
+        remove_home(home)
     return victims

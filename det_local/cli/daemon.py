@@ -58,6 +58,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             f"det-local daemon {st['pid']} running for {st['home']}, up {st['uptime_s']:.0f}s, "
             f"{st.get('rss_mb', '?')} MB"
         )
+        containment = st.get("containment")
+        if isinstance(containment, dict) and containment.get("text"):
+            print(f"containment: {containment['text']}")
     else:
         print(f"no det-local daemon is running for {st['home']}")
     print(

@@ -114,10 +114,11 @@ async def _serve(paths: Paths) -> int:
         loop.add_signal_handler(sig, engine.request_stop)
     await engine.start()
     # only now, with the jobs of an earlier daemon adopted or settled: `daemon start` returns
-    _write_pid_file(paths)
+    _write_pid_file(paths, {"containment": engine.containment.as_dict()})
     log(
         f"det-local: daemon {os.getpid()} serving {paths.home} with "
-        f"{engine.inventory.size()} {engine.inventory.source} slot(s)"
+        f"{engine.inventory.size()} {engine.inventory.source} slot(s); "
+        f"containment: {engine.containment.describe()}"
     )
     try:
         await engine.serve_forever()
@@ -127,11 +128,10 @@ async def _serve(paths: Paths) -> int:
     return 0
 
 
-def _write_pid_file(paths: Paths) -> None:
+def _write_pid_file(paths: Paths, extra: dict[str, Any] | None = None) -> None:
     tmp = paths.pid_file.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"pid": os.getpid(), "started_at": time.time(), "home": str(paths.home)})
-    )
+    info = {"pid": os.getpid(), "started_at": time.time(), "home": str(paths.home)}
+    tmp.write_text(json.dumps({**info, **(extra or {})}))
     os.chmod(tmp, 0o644)
     os.replace(tmp, paths.pid_file)
 
@@ -198,6 +198,12 @@ def status(paths: Paths) -> dict[str, Any]:
             out["rss_mb"] = round(psutil.Process(info.pid).memory_info().rss / 2**20, 1)
         except Exception:
             pass
+        try:  # what the daemon wrote at its start: how it contains jobs (cgroups or not)
+            containment = json.loads(paths.pid_file.read_text()).get("containment")
+        except (OSError, ValueError, AttributeError):
+            containment = None
+        if isinstance(containment, dict):
+            out["containment"] = containment
     store = open_store(paths)
     jobs = store.jobs.active()
     out["queued"] = sum(j.state == "QUEUED" for j in jobs)

@@ -29,7 +29,7 @@ from det_local.errors import (
     StateError,
 )
 from det_local.launch.ports import allocate_ports, port_env
-from det_local.sched import ckpt_gc, executor, spool, unmanaged, userfiles
+from det_local.sched import cgroups, ckpt_gc, executor, spool, unmanaged, userfiles
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -125,6 +125,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self.offline = offline  # one request with no engine running: never start anything
         self.settings: DaemonSettings = load_settings(paths.settings)
         self.inventory = slots.discover(cpu_slots=self.settings.cpu_slots)
+        # how jobs are contained: detected at start (it creates this home's cgroup subtree)
+        self.containment = cgroups.Containment(cgroups.OFF, "the engine has not started")
         self.store = Store(paths.db)
         self.private = PrivateFiles(paths)  # what must not be in the database: tokens, envs
         self.private.ensure()
@@ -162,6 +164,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
     # ================================================================== lifecycle
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.containment = cgroups.detect(self.paths.home, self.settings.cgroup_setting())
         sock = self.paths.socket
         if sock.exists():
             sock.unlink()
@@ -218,6 +221,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         except FileNotFoundError:
             pass
         self.store.close()
+        self.containment.remove_base()  # when no job runs on in it
 
     def _check_idle(self) -> None:
         active = any(
@@ -997,7 +1001,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
             )
         else:
             for run in list(self.runs.values()):
-                executor.kill_group(run.pid)
+                executor.signal_job(self.procs.get(run.job_id), run.pid, signal.SIGKILL)
             self._out("det-local: stopping now; trials resume from their latest checkpoint")
 
 

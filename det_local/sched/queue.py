@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,9 @@ COMMAND = "COMMAND"
 TASK_KINDS = (COMMAND, "SHELL", "NOTEBOOK", "TENSORBOARD")
 PRIORITY_MIN, PRIORITY_MAX = 1, 99
 FOREIGN_RECHECK_S = 2.0  # how often GPUs held by foreign processes are looked at while jobs wait
+DRAIN_TICK_S = (0.005, 0.2)  # looking again at a job's cgroup after its leader ended: first, most
+DRAIN_WARN_S = 10.0  # a cgroup not empty this long after SIGKILL is worth a line in the log
+RECOVER_DRAIN_S = 2.0  # at a restart: how long to wait for a dead job's leftovers to die
 
 
 def check_priority(priority: int) -> int:
@@ -104,7 +108,11 @@ class QueueMixin:
             return set()
         from det_local.sched import slots
 
-        inv = slots.detect_foreign(self.inventory, [p.pid for p in self.procs.values()])
+        ours = [p.pid for p in self.procs.values()]
+        for p in self.procs.values():  # with cgroups: those that left their session too
+            if p.cgroup is not None:
+                ours += p.cgroup.pids()
+        inv = slots.detect_foreign(self.inventory, ours)
         return slots.busy_foreign(inv, True)
 
     # ------------------------------------------------------------------ the scheduling pass
@@ -178,10 +186,42 @@ class QueueMixin:
         """Spawn and watch a job's process; TrialError when it cannot start."""
         job = self.store.jobs.peek(job.id)  # as allocated: its run id
         exit_file = self.paths.job_exit_file(job.id, job.run_id)
-        proc = executor.spawn(job.id, plan, exit_file)
+        try:
+            cgroup = self.containment.create(job.id, job.run_id, self._fenced_minors(plan.slots))
+        except OSError as err:
+            raise TrialError(
+                f"could not create its cgroup under {self.containment.base}: {err.strerror}; "
+                "`det-local daemon status` shows the containment mode (cgroups: false in "
+                "daemon.yaml turns it off)"
+            ) from None
+        try:
+            proc = executor.spawn(
+                job.id,
+                plan,
+                exit_file,
+                cgroup=cgroup,
+                legacy_exit_file=self.paths.legacy_job_exit_file(job.id, job.run_id),
+            )
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         self.store.jobs.set_process(job.id, proc.pid, executor.start_time(proc.pid) or time.time())
         self._watch(proc)
         return proc
+
+    def _fenced_minors(self: Engine, slots: list[int]) -> list[int]:
+        """The GPU device minors a job on these slots must not open (GPU fencing): every GPU
+        of this machine that is not its own; none where a GPU's device node is unknown."""
+        inv = self.inventory
+        if self.containment.devices is None or inv.source == "cpu":
+            return []
+        minors = {s.minor for s in inv.slots}
+        if None in minors:
+            return []
+        own = {inv.slots[i].minor for i in slots}
+        every = {m for m in minors if m is not None} | set(self.containment.gpu_minors)
+        return sorted(every - own)
 
     def _watch(self: Engine, proc: executor.JobProc) -> None:
         self.procs[proc.job_id] = proc
@@ -203,17 +243,41 @@ class QueueMixin:
 
     def _on_job_exit(self: Engine, job_id: int) -> None:
         proc = self.procs.get(job_id)
-        if proc is None:
-            return
+        if proc is None or proc.code is not None:
+            return  # gone, or its leader has ended and the rest of it is being killed
         code = executor.exit_code(proc)
         if code is None:
             return  # spurious wakeup
-        del self.procs[job_id]
+        proc.code = code
         assert self.loop is not None
         if proc.pidfd is not None:
             self.loop.remove_reader(proc.pidfd)
         executor.close(proc)
-        executor.kill_group(proc.pid)  # no orphans: the group goes with its leader
+        self._reap(job_id, time.monotonic(), DRAIN_TICK_S[0])
+
+    def _reap(self: Engine, job_id: int, since: float, delay: float) -> None:
+        """The job's leader has ended: no orphans, the rest of it goes too (its whole cgroup,
+        escaped processes included). Its slots stay held until its cgroup is empty."""
+        proc = self.procs.get(job_id)
+        if proc is None or proc.code is None:
+            return
+        if not executor.kill_rest(proc):
+            assert self.loop is not None
+            if since and time.monotonic() - since > DRAIN_WARN_S:
+                self.note(
+                    f"job {job_id}: processes of its cgroup {proc.cgroup and proc.cgroup.path} "
+                    f"are still there {DRAIN_WARN_S:.0f}s after SIGKILL (uninterruptible?); "
+                    "its slots stay held until they are gone",
+                    level="WARNING",
+                )
+                since = 0.0
+            self.loop.call_later(delay, self._reap, job_id, since, min(delay * 2, DRAIN_TICK_S[1]))
+            return
+        del self.procs[job_id]
+        executor.release(proc)
+        code = proc.code
+        if proc.problem is not None:
+            self.note(f"job {job_id}: {proc.problem}", level="WARNING")
         self._preempting.discard(job_id)
         job = self.store.jobs.peek(job_id)
         if job.kind == TRIAL:
@@ -221,7 +285,7 @@ class QueueMixin:
             if run is not None:
                 self._on_trial_exit(run, code)
         else:
-            self._on_command_exit(job, code)
+            self._on_command_exit(job, code, proc.problem)
         self._schedule()
 
     # ------------------------------------------------------------------ trials as jobs
@@ -409,13 +473,21 @@ class QueueMixin:
             os.close(fd)
         os.replace(tmp, d / "allocation.json")
 
-    def _on_command_exit(self: Engine, job: JobRecord, code: int) -> None:
+    def _on_command_exit(
+        self: Engine, job: JobRecord, code: int, problem: str | None = None
+    ) -> None:
         from det_local.sched.outcome import describe_exit
 
         killed = job.id in self._killing
         self._killing.discard(job.id)
-        message = "killed on request" if killed else f"command {job.id} {describe_exit(code)}"
-        self.store.jobs.finish(job.id, code, message)
+        status: int | None = code
+        if killed:
+            message = "killed on request"
+        elif problem is not None:
+            message, status = f"command {job.id} ended; its exit status is unknown: {problem}", None
+        else:
+            message = f"command {job.id} {describe_exit(code)}"
+        self.store.jobs.finish(job.id, status, message)
 
     def kill_job(self: Engine, job_id: int) -> str:
         job = self.store.jobs.get(job_id)
@@ -434,15 +506,17 @@ class QueueMixin:
         return f"command {job_id} already ended"
 
     def _terminate_pid(self: Engine, pid: int | None, job_id: int) -> None:
-        """SIGTERM the group, then SIGKILL after the grace period if it is still there."""
+        """SIGTERM the job (its cgroup, else its group), then SIGKILL after the grace period
+        if it is still there."""
         if pid is None:
             return
-        executor.terminate_group(pid)
+        executor.signal_job(self.procs.get(job_id), pid, signal.SIGTERM)
         assert self.loop is not None
 
         def finish() -> None:
-            if job_id in self.procs:
-                executor.kill_group(pid)
+            proc = self.procs.get(job_id)
+            if proc is not None:
+                executor.signal_job(proc, pid, signal.SIGKILL)
 
         self.loop.call_later(self.kill_grace, finish)
 
@@ -542,27 +616,40 @@ class QueueMixin:
             ):
                 exp = self._exp(rec.id)
                 exp.stopping = "pause"
-        settled: list[tuple[JobRecord, int | None, bool]] = []
+        import os
+
+        settled: list[tuple[JobRecord, int | None, bool, str | None]] = []
+        live: set[str] = set()
         for job in self.store.jobs.active():
             if job.state != SCHEDULED:
                 continue
             exit_file = self.paths.job_exit_file(job.id, job.run_id)
+            legacy = self.paths.legacy_job_exit_file(job.id, job.run_id)
             spawned = job.pid is not None
             if not spawned:  # allocated; maybe spawned just before a crash, pid unrecorded
-                pid = executor.find_wrapper(exit_file)
+                pid = executor.find_wrapper(exit_file, legacy)
                 started = executor.start_time(pid) if pid is not None else None
                 if pid is not None and started is not None:
                     self.store.jobs.set_process(job.id, pid, started)
                     job = self.store.jobs.get(job.id)
                 # the wrapper of this run (exit files are removed before a spawn) ran, or ran out
-                spawned = job.pid is not None or exit_file.exists()
+                spawned = (
+                    job.pid is not None or os.path.lexists(exit_file) or os.path.lexists(legacy)
+                )
             if job.pid is not None and executor.is_same_process(job.pid, job.pid_start):
-                self._adopt(job)
+                if self._adopt(job):
+                    live.add(f"job-{job.id}-{job.run_id}")
                 continue
-            code = executor.read_exit_file(exit_file) if spawned else None
-            settled.append((job, code, spawned))
-        for job, code, spawned in settled:
-            self._settle_lost(job, code, spawned=spawned)
+            # its leader is gone: so goes whatever it left in its cgroup, before its slots do
+            self._drain_now(self.containment.job(job.id, job.run_id))
+            code, problem = (
+                executor.exit_status(exit_file, legacy, job.uid) if spawned else (None, None)
+            )
+            settled.append((job, code, spawned, problem))
+        for job, code, spawned, problem in settled:
+            self._settle_lost(job, code, spawned=spawned, problem=problem)
+        for cgroup in self.containment.leftovers(keep=live):  # runs that ended meanwhile
+            self._drain_now(cgroup)
         for exp in list(self.experiments.values()):
             state = self.store.get_experiment(exp.id).state
             if state == State.STOPPING_CANCELED:
@@ -576,12 +663,39 @@ class QueueMixin:
                 if t.state == State.ACTIVE and self.store.jobs.for_trial(t.id) is None:
                     self._enqueue_trial(exp, t.id)
 
-    def _adopt(self: Engine, job: JobRecord) -> None:
-        assert job.pid is not None
-        proc = executor.adopt(job.id, job.pid, self.paths.job_exit_file(job.id, job.run_id))
-        if proc is None:
-            self._settle_lost(job, None)
+    def _drain_now(self: Engine, cgroup: Any) -> None:
+        """At a restart: SIGKILL what is left in a cgroup whose job is over, wait (a bounded
+        time) until it is empty, remove it."""
+        if cgroup is None or not cgroup.exists():
             return
+        deadline = time.monotonic() + RECOVER_DRAIN_S
+        while cgroup.populated():
+            cgroup.kill()
+            if time.monotonic() > deadline:
+                self.note(
+                    f"cgroup {cgroup.path} still holds processes after SIGKILL "
+                    "(uninterruptible?); left in place",
+                    level="WARNING",
+                )
+                return
+            time.sleep(0.01)
+        cgroup.remove()
+
+    def _adopt(self: Engine, job: JobRecord) -> bool:
+        assert job.pid is not None
+        cgroup = self.containment.job(job.id, job.run_id)
+        proc = executor.adopt(
+            job.id,
+            job.pid,
+            self.paths.job_exit_file(job.id, job.run_id),
+            cgroup=cgroup if cgroup is not None and cgroup.exists() else None,
+            legacy_exit_file=self.paths.legacy_job_exit_file(job.id, job.run_id),
+            uid=job.uid,
+        )
+        if proc is None:
+            self._drain_now(cgroup)
+            self._settle_lost(job, None)
+            return False
         if job.kind == TRIAL:
             assert job.experiment_id is not None and job.trial_id is not None
             exp = self._exp(job.experiment_id)
@@ -597,19 +711,32 @@ class QueueMixin:
                     self._terminate(run)
                 else:
                     self._preempt(run, exp)
+        return True
 
     def _settle_lost(
-        self: Engine, job: JobRecord, code: int | None, *, spawned: bool = True
+        self: Engine,
+        job: JobRecord,
+        code: int | None,
+        *,
+        spawned: bool = True,
+        problem: str | None = None,
     ) -> None:
         """A job whose process ended while no daemon watched it (spawned=False: whose process
-        never started)."""
+        never started; problem: why its exit file was refused)."""
+        if problem is not None:
+            self.note(f"job {job.id}: {problem}", level="WARNING")
         if job.kind != TRIAL:
             if not spawned:
                 self.store.jobs.requeue(job.id)  # never started: it keeps its place
                 return
-            message = f"command {job.id} ended while the daemon was down" + (
-                f" with exit code {code}" if code is not None else "; its exit status is unknown"
-            )
+            if code is not None:
+                message = f"command {job.id} ended while the daemon was down with exit code {code}"
+            else:
+                message = f"command {job.id} ended while the daemon was down; " + (
+                    f"its exit status is unknown: {problem}"
+                    if problem
+                    else "its exit status is unknown"
+                )
             self.store.jobs.finish(job.id, code, message)
             return
         assert job.experiment_id is not None and job.trial_id is not None
@@ -620,7 +747,8 @@ class QueueMixin:
             self.note(
                 f"trial {job.trial_id} "
                 + ("never started" if not spawned else "ended while the daemon was down")
-                + "; queued again to resume from its latest checkpoint",
+                + "; queued again to resume from its latest checkpoint"
+                + (f" (its exit status is unknown: {problem})" if problem else ""),
                 experiment_id=exp.id,
                 trial_id=job.trial_id,
                 level="WARNING",

@@ -11,6 +11,8 @@ slots:
   cpu_slots: 2            # CPU slots when there is no GPU (also DET_LOCAL_CPU_SLOTS)
   foreign_gpus_busy: true # GPUs used by processes det-local did not start count as busy
 admin_group: det-local-admin   # members may change anyone's jobs (root always may)
+cgroups: auto             # each job in its own cgroup: auto, v2, v1, or false (off); else
+                          # DET_LOCAL_CGROUPS decides (same values), else auto
 ```
 """
 
@@ -36,9 +38,23 @@ class DaemonSettings:
     cpu_slots: int | None = None
     foreign_gpus_busy: bool = True
     admin_group: str = DEFAULT_ADMIN_GROUP
+    cgroups: str | None = None  # auto | v2 | v1 | off; None: DET_LOCAL_CGROUPS, else auto
+
+    def cgroup_setting(self) -> str:
+        """auto | v2 | v1 | off: daemon.yaml's cgroups, else DET_LOCAL_CGROUPS, else auto."""
+        import os
+
+        from det_local.sched.cgroups import ENV, parse_setting
+
+        if self.cgroups is not None:
+            return self.cgroups
+        try:
+            return parse_setting(os.environ.get(ENV), ENV)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
-_TOP = {"scheduler", "slots", "admin_group"}
+_TOP = {"scheduler", "slots", "admin_group", "cgroups"}
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 
@@ -107,6 +123,14 @@ def load_settings(path: Path) -> DaemonSettings:
     cpu = slots.get("cpu_slots")
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 1):
         raise ConfigError(f"slots.cpu_slots in {source}: expected an integer >= 1, found {cpu!r}")
+    cgroups: str | None = None
+    if "cgroups" in raw:
+        from det_local.sched.cgroups import parse_setting
+
+        try:
+            cgroups = parse_setting(raw["cgroups"], f"cgroups in {source}")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return DaemonSettings(
         mode=mode,
         preemption=bool(sched.get("preemption", True)),
@@ -116,4 +140,5 @@ def load_settings(path: Path) -> DaemonSettings:
         cpu_slots=cpu,
         foreign_gpus_busy=bool(slots.get("foreign_gpus_busy", True)),
         admin_group=str(raw.get("admin_group", DEFAULT_ADMIN_GROUP)),
+        cgroups=cgroups,
     )

@@ -73,6 +73,10 @@ class Slot:
     # users: the two tuples are parallel (foreign_users[i] runs foreign_pids[i]).
     foreign_pids: tuple[int, ...] = ()
     foreign_users: tuple[str, ...] = ()
+    # The GPU's device node is /dev/nvidia<minor> (char major 195): what the job cgroups'
+    # device fence denies to jobs that do not hold it. None for CPU slots, or where NVML does
+    # not say (then no GPU is fenced). A fake GPU's minor is its index.
+    minor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,7 @@ def _fake_inventory(n: int) -> Inventory:
             memory_total_mb=FAKE_GPU_MEMORY_MB,
             memory_used_mb=0,
             utilization_pct=0,
+            minor=i,
         )
         for i in range(n)
     )
@@ -279,6 +284,8 @@ def _nvml_inventory() -> tuple[list[Slot], str]:
                 continue
             mem = _optional(errors, nv.nvmlDeviceGetMemoryInfo, handle)
             util = _optional(errors, nv.nvmlDeviceGetUtilizationRates, handle)
+            get_minor = getattr(nv, "nvmlDeviceGetMinorNumber", None)
+            minor = None if get_minor is None else _optional(errors, get_minor, handle)
             slots.append(
                 Slot(
                     index=len(slots),
@@ -288,6 +295,7 @@ def _nvml_inventory() -> tuple[list[Slot], str]:
                     memory_total_mb=None if mem is None else int(mem.total) // _MIB,
                     memory_used_mb=None if mem is None else int(mem.used) // _MIB,
                     utilization_pct=None if util is None else int(util.gpu),
+                    minor=None if minor is None else int(minor),
                 )
             )
         return slots, "; ".join(skipped)

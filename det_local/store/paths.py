@@ -132,8 +132,19 @@ class Paths:
     def job_dir(self, job_id: int) -> Path:
         return self.home / "jobs" / str(job_id)
 
+    @property
+    def exit_dir(self) -> Path:
+        """Where job wrappers write exit statuses: root's in system mode, never a user's."""
+        return self.run_dir / "exit"
+
     def job_exit_file(self, job_id: int, run_id: int) -> Path:
         """Where a job's wrapper writes its exit status (read after a daemon restart)."""
+        return self.exit_dir / f"{job_id}-{run_id}"
+
+    def legacy_job_exit_file(self, job_id: int, run_id: int) -> Path:
+        """Where det-local's wrapper wrote it before the exit status moved to `exit_dir` (in
+        the job's directory, which belongs to its user): read, bounded, only for jobs started
+        by the old wrapper, or where setpriv is missing."""
         return self.job_dir(job_id) / f"exit-{run_id}"
 
     def command_log(self, job_id: int) -> Path:
