@@ -377,9 +377,11 @@ class RequestsMixin:
     # ------------------------------------------------------------------ handlers
     def _req_submit(self: Engine, req: Request) -> int:
         from det_local.config import parse_config
+        from det_local.config.limits import check_config_value
 
         p = req.payload
         source = str(p.get("source", "<config>"))
+        check_config_value(p["config"], source)  # its size and nesting, before it is walked
         cfg = parse_config(p["config"], source=source)
         return self.submit(
             cfg,
