@@ -220,8 +220,8 @@ def read(path: Path) -> Request:
     except UnsafeFile as err:
         if err.reason == "symlink":
             raise SpoolError(
-                f"request {path.name} is a symbolic link, not a regular file; refusing to follow "
-                "it (submit requests with the det-local CLI)"
+                f"request {path.name} is not a regular file (a symbolic link); refusing to "
+                "follow it (submit requests with the det-local CLI)"
             ) from None
         if err.reason == "not_regular":
             raise SpoolError(
