@@ -227,7 +227,7 @@ class RequestsMixin:
                 f"{backlog.cap}; request {name[: -len(spool.SUFFIX)]} was refused: wait for them "
                 "to be answered, then submit it again"
             )
-            self._spool_log(("cap", uid), f"refused request {name}: {message}")
+            self._spool_log(("cap", uid), f"refused request {name} from {user}: {message}")
             self._answer_and_remove(self.paths.queue / name, {"error": message})
 
     def _spool_more(self: Engine) -> None:
@@ -394,7 +394,8 @@ class RequestsMixin:
         log line per request: one per burst from one user)."""
         if "vanished before it was read" in message:
             return  # withdrawn by its owner: nobody waits for an answer
-        self._spool_log(("reject", uid), f"rejected request {path.name}: {message}")
+        user = spool.user_name(uid)
+        self._spool_log(("reject", uid), f"rejected request {path.name} from {user}: {message}")
         self._answer_and_remove(path, {"error": message})
 
     def _apply_request(self: Engine, req: Request) -> dict[str, Any]:
