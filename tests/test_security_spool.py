@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 from conftest import gone, wait_for
 from test_multiuser import A, B, Shared, accounts, shared  # noqa: F401
 
@@ -62,8 +63,12 @@ def _alice_asks(out: str) -> list[Any]:
 
 # ---------------------------------------------------------------------- swapped files
 def _swap_race(tries: int, seconds: float) -> int:
-    """As B: write an honest-looking request, then rename a FIFO or a symlink to /dev/zero over
-    it, again and again: the daemon checks the name, then opens what is there by then."""
+    """As B: write an honest-looking request, then, after a random pause of up to 2 ms (the
+    daemon looks at the name some time after it arrives), rename a FIFO or a symlink to
+    /dev/zero over it; again and again. A daemon that checks the name and then opens it
+    opens, sooner or later, what was swapped in meanwhile."""
+    import random
+
     p = api.paths()
     me = spool.user_name(os.geteuid())
     body = msgpack.packb(
@@ -81,9 +86,20 @@ def _swap_race(tries: int, seconds: float) -> int:
             os.mkfifo(tmp)
         else:
             os.symlink("/dev/zero", tmp)
+        until = time.perf_counter() + random.uniform(0, 0.002)
+        while time.perf_counter() < until:
+            pass
         os.rename(tmp, real)
         n += 1
     return n
+
+
+def _ask(out: str, timeout: float) -> list[Any]:
+    """As A: one request straight to the spool, timed, waiting at most `timeout` s."""
+    payload = {"argv": ["true"], "cwd": out, "env": {"PATH": "/usr/bin:/bin"}, "slots": 1}
+    t0 = time.monotonic()
+    job_id = spool.request(api.paths(), "cmd_run", payload, timeout=timeout)
+    return [job_id, time.monotonic() - t0]
 
 
 def _plant(kind: str) -> str:
@@ -119,7 +135,7 @@ def test_a_fifo_or_symlink_swapped_in_is_rejected_and_the_daemon_never_blocks(
     assert n > 100, n
     # the daemon still answers, at once (it would block forever on a FIFO it opened, or read
     # /dev/zero until memory ran out)
-    job_id, took, _left = shared.as_user(A, _alice_asks, str(shared.out))
+    job_id, took = shared.as_user(A, _ask, str(shared.out), 5.0)
     assert took < 5.0, took
     assert shared.wait_job(job_id).exit_code == 0
     queue = shared.paths.queue
@@ -157,6 +173,7 @@ def _flood(junk: int, valid: int) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_a_flood_from_one_user_does_not_delay_another(shared: Shared) -> None:
     pid = shared.dl.daemon_pid()
     assert pid is not None
@@ -217,3 +234,44 @@ def test_a_flood_from_one_user_does_not_delay_another(shared: Shared) -> None:
     assert took < 1.0, took
     assert shared.wait_job(job_id).exit_code == 0
     assert not gone(pid)
+
+
+# ---------------------------------------------------------------------- the backlog itself
+def test_the_backlog_lists_once_serves_round_robin_and_caps_each_owner(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Owners set with chown (root), no accounts needed: 3,000 requests of uid 50001 and two
+    of uid 50002, the latter's arriving last; a cap of 1,000 per owner."""
+    from det_local.sched.backlog import Backlog
+
+    q = tmp_path / "queue"
+    q.mkdir()
+    flood = [f"{i:020d}-1-x.req" for i in range(3000)]
+    for name in flood:
+        (q / name).write_bytes(b"x")
+        os.chown(q / name, 50001, 50001)
+    late = [f"{10**10 + i:020d}-2-y.req" for i in range(2)]
+    for name in late:
+        (q / name).write_bytes(b"x")
+        os.chown(q / name, 50002, 50002)
+    backlog = Backlog(q, spool.SUFFIX, cap=CAP, exempt=frozenset())
+    stats = []
+    real_lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda p: stats.append(p) or real_lstat(p))
+    refused = backlog.refresh(lambda _n: False)
+    # the oldest CAP of the flood are kept, the rest refused, the other owner's all kept
+    assert refused == [(n, 50001) for n in flood[CAP:]]
+    assert (backlog.pending_of(50001), backlog.pending_of(50002)) == (CAP, 2)
+    assert len(stats) == 3002
+    # taken in turns: the other owner's first request is second, not 1,001st
+    order = [backlog.take() for _ in range(4)]
+    assert order == [(flood[0], 50001), (late[0], 50002), (flood[1], 50001), (late[1], 50002)]
+    # listing again stats only names not seen before: none (those taken are being answered:
+    # the engine skips them until their files are gone)
+    for name in flood[CAP:]:
+        (q / name).unlink()  # refused and removed
+    stats.clear()
+    taken = {name for name, _uid in order}
+    assert backlog.refresh(taken.__contains__) == []
+    assert stats == [] and backlog.listings == 2
+    assert len(backlog) == CAP - 2
