@@ -31,6 +31,7 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 
 SPOOL_SWEEP_S = 1.0
 SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn
+SPOOL_PRUNE_S = 600.0  # answers older than an hour that nobody collected are removed
 SPOOL_LOG_WINDOW_S = 10.0  # rejections from one user: one line, then a count every window
 WATCH_DELAY_EMBEDDED_S = 0.3
 
@@ -123,11 +124,20 @@ class RequestsMixin:
 
     async def _sweep_spool(self: Engine) -> None:
         """A bounded safety tick: a request written before the watcher was watching (at start)
-        would otherwise wait for the next filesystem event. One directory listing a second."""
+        would otherwise wait for the next filesystem event. One directory listing a second.
+        Answers nobody collected (a flood's, a requester that went away) are pruned every
+        SPOOL_PRUNE_S, off the event loop."""
+        import time
+
+        pruned = time.monotonic()
         while not self._watch_stop.is_set():
             await asyncio.sleep(SPOOL_SWEEP_S)
             if not self._spool_backlog:  # a backlog being served is listed again once served
                 self.process_spool()
+            if time.monotonic() - pruned > SPOOL_PRUNE_S:
+                pruned = time.monotonic()
+                assert self.loop is not None
+                await self.loop.run_in_executor(None, spool.prune_responses, self.paths)
 
     async def _watch_spool(self: Engine) -> None:
         import watchfiles
