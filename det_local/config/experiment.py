@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from det_local.config import check, fields, sections
+from det_local.config import check, fields, limits, sections
 from det_local.config.check import Ctx
 from det_local.config.environment import EnvironmentConfig, parse_environment
 from det_local.config.hparams import (
@@ -211,6 +211,7 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> ExperimentCon
     ctx = Ctx(source)
     if not isinstance(raw, dict):
         ctx.wrong_type("config", "a mapping of config fields", raw)
+    limits.check_depth(raw, source)  # before anything below recurses into it
     obj = json_keys(raw)
     check.check_keys(ctx, obj, "", TOP_LEVEL)
     values = {k: fields.parse_value(ctx, obj.get(k), k, spec) for k, spec in SCALARS.items()}

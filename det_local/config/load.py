@@ -7,12 +7,14 @@ octal ints; dates stay strings so that the config is JSON-serialisable."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from det_local.config import limits
 from det_local.config.experiment import ExperimentConfig, parse_config
 from det_local.errors import ConfigError
 
@@ -89,13 +91,147 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 
 def load_yaml(text: str, source: str) -> Any:
-    """Parse YAML text; a syntax error becomes a ConfigError with file:line:column."""
+    """Parse YAML text; a syntax error becomes a ConfigError with file:line:column. A document
+    nested deeper than limits.MAX_DEPTH, or whose aliases expand past limits.MAX_ALIAS_NODES
+    nodes, is refused before anything is built from it (see `_checked_events`)."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        events = _checked_events(text, source)
+        loader = _Replay(events)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as err:
         raise ConfigError(_yaml_message(err, source)) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{source}: malformed YAML ({err}); fix the file's syntax") from None
+
+
+class _Frame:
+    """A mapping or sequence being parsed: where it is, and what it holds so far."""
+
+    __slots__ = ("anchor", "at_key", "height", "index", "is_map", "key", "path", "size")
+
+    def __init__(self, is_map: bool, path: list[object], anchor: str | None) -> None:
+        self.is_map = is_map
+        self.path = path
+        self.anchor = anchor
+        self.at_key = True  # a mapping: the next node is a key
+        self.key: object = "?"
+        self.index = 0
+        self.size = 1  # nodes, aliases expanded
+        self.height = 1  # levels of nesting below and including this one, aliases expanded
+
+    def child_path(self) -> list[object]:
+        if not self.is_map:
+            return [*self.path, self.index]
+        return [*self.path, self.key if not self.at_key else "?"]
+
+    def took(self, size: int, height: int, scalar: object = None) -> None:
+        """A child node ended (of `size` nodes, `height` levels)."""
+        self.size += size
+        self.height = max(self.height, height + 1)
+        if self.is_map:
+            if self.at_key:
+                self.key = scalar if scalar is not None else "?"
+            self.at_key = not self.at_key
+        else:
+            self.index += 1
+
+
+def _checked_events(text: str, source: str) -> list[yaml.Event]:
+    """The document's parse events, once its nesting and its alias expansion are known to be
+    within the limits. One pass, no recursion: the composer and constructor that then replay
+    the events recurse at most limits.MAX_DEPTH levels, and build at most MAX_ALIAS_NODES nodes
+    more than the document holds."""
+    events: list[yaml.Event] = []
+    stack: list[_Frame] = []
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (size, height), once complete
+    expanded = 0
+    loader = _Loader(text)
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            events.append(event)
+            parent = stack[-1] if stack else None
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                path = parent.child_path() if parent is not None else []
+                if len(stack) >= limits.MAX_DEPTH:
+                    raise limits.too_deep(source, path)
+                is_map = isinstance(event, yaml.MappingStartEvent)
+                stack.append(_Frame(is_map, path, event.anchor))
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                done = stack.pop()
+                if done.anchor is not None:
+                    anchors[done.anchor] = (done.size, done.height)
+                if stack:
+                    stack[-1].took(done.size, done.height)
+            elif isinstance(event, yaml.ScalarEvent):
+                if event.anchor is not None:
+                    anchors[event.anchor] = (1, 0)
+                if parent is not None:
+                    parent.took(1, 0, event.value)
+            elif isinstance(event, yaml.AliasEvent):
+                known = anchors.get(event.anchor or "")
+                if known is None:
+                    if any(f.anchor == event.anchor for f in stack):
+                        path = parent.child_path() if parent is not None else []
+                        raise ConfigError(
+                            f"{limits.short_path(path) or 'the document'} in {source}: alias "
+                            f"*{event.anchor} refers to the mapping or list that contains it; "
+                            "a config cannot be recursive"
+                        )
+                    continue  # an undefined alias: the composer names it
+                size, height = known
+                expanded += size
+                if expanded > limits.MAX_ALIAS_NODES:
+                    raise ConfigError(
+                        f"{source}: its anchors and aliases expand past the limit of "
+                        f"{limits.MAX_ALIAS_NODES} nodes (*{event.anchor}{_line(event)} "
+                        f"alone adds {size}); write the values "
+                        "out, or use fewer aliases"
+                    )
+                if height and len(stack) + height > limits.MAX_DEPTH:
+                    path = parent.child_path() if parent is not None else []
+                    raise limits.too_deep(source, [*path, f"*{event.anchor}"])
+                if parent is not None:
+                    parent.took(size, height, f"*{event.anchor}")
+    finally:
+        loader.dispose()
+    return events
+
+
+def _line(event: yaml.Event) -> str:
+    mark = event.start_mark
+    return f" on line {mark.line + 1}" if mark is not None else ""
+
+
+class _Replay(_Loader):
+    """The composer and constructor of `_Loader`, fed with events already parsed (and checked)
+    instead of parsing the text again."""
+
+    def __init__(self, events: list[yaml.Event]) -> None:  # noqa: D107 - no Reader, no Parser
+        self._events = events
+        self._at = 0
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+
+    def check_event(self, *choices: Any) -> bool:
+        if self._at >= len(self._events):
+            return False
+        return not choices or isinstance(self._events[self._at], choices)
+
+    def peek_event(self) -> Any:
+        return self._events[self._at] if self._at < len(self._events) else None
+
+    def get_event(self) -> Any:
+        event = self._events[self._at]
+        self._at += 1
+        return event
+
+    def dispose(self) -> None:
+        pass
 
 
 def _yaml_message(err: yaml.MarkedYAMLError, source: str) -> str:
@@ -126,7 +262,14 @@ def load_config(path: str | Path) -> ExperimentConfig:
     source = str(path)
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limits.MAX_CONFIG_BYTES:
+                raise limits.too_big(source, size)
+            data = f.read(limits.MAX_CONFIG_BYTES + 1)  # a pipe or a growing file: bounded too
+        if len(data) > limits.MAX_CONFIG_BYTES:
+            raise limits.too_big(source, len(data), " or more")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(
             f"config file {source} not found (looked in {file.absolute().parent}); check the path"

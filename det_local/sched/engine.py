@@ -30,6 +30,7 @@ from det_local.errors import (
 )
 from det_local.launch.ports import allocate_ports, port_env
 from det_local.sched import cgroups, ckpt_gc, executor, spool, unmanaged, userfiles
+from det_local.sched.backlog import Backlog, Bursts
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.plan import (
     LaunchPlan,
@@ -157,6 +158,11 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         self._spool_removing: set[str] = set()
         self._spool_more_due = False
         self._spool_remover: Any = None
+        self._spool_answering: set[str] = set()
+        self._spool_backlog = Backlog(paths.queue, spool.SUFFIX)
+        self._spool_bursts: Bursts | None = None
+        self._spool_burst_summary: Any = None
+        self._spool_burst_timer: asyncio.TimerHandle | None = None
         self._foreign_held = False  # a slot is busy only because of a foreign process
         self._foreign_timer: asyncio.TimerHandle | None = None
         self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -208,7 +214,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         if self._spool_watch_close is not None:
             self._spool_watch_close()
             self._spool_watch_close = None
-        for name in list(self._spool_removing):  # what the remover thread has not got to yet
+        if self._spool_burst_timer is not None:
+            self._spool_burst_timer.cancel()
+            self._flush_spool_log(force=True)  # the counts of rejections not logged yet
+        # what the remover thread has not got to yet (refused requests not answered yet stay:
+        # the next engine answers them)
+        for name in list(self._spool_removing - self._spool_answering):
             try:
                 spool.remove(self.paths.queue / name)
             except OSError:

@@ -15,12 +15,13 @@ import grp
 import os
 import pwd
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from det_local.errors import DetLocalError
 from det_local.sched import spool, unmanaged
+from det_local.sched.backlog import Backlog, Bursts
 from det_local.sched.spool import Request, SpoolError
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 
 SPOOL_SWEEP_S = 1.0
 SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn
+SPOOL_PRUNE_S = 600.0  # answers older than an hour that nobody collected are removed
+SPOOL_LOG_WINDOW_S = 10.0  # rejections from one user: one line, then a count every window
 WATCH_DELAY_EMBEDDED_S = 0.3
 
 
@@ -69,6 +72,11 @@ class RequestsMixin:
     _spool_removing: set[str]  # answered requests whose files are being removed
     _spool_more_due: bool  # the rest of a long backlog is due at the loop's next turn
     _spool_remover: Any  # the remover thread's work queue, once started
+    _spool_answering: set[str]  # refused requests whose answers are being written
+    _spool_backlog: Backlog  # the pending requests, by owner
+    _spool_bursts: Bursts | None  # rejections logged once per burst
+    _spool_burst_summary: Any
+    _spool_burst_timer: asyncio.TimerHandle | None
 
     # ------------------------------------------------------------------ the watcher
     def _start_spool(self: Engine) -> None:
@@ -97,8 +105,9 @@ class RequestsMixin:
             return False
 
         def on_event() -> None:
-            if any(not n or n.endswith(spool.SUFFIX) for n in watch.drain()):
-                self.process_spool()
+            names = [n for n in watch.drain() if not n or n.endswith(spool.SUFFIX)]
+            if names:  # "" (the kernel's event queue overflowed): the directory is listed
+                self.process_spool(names)
 
         def stop() -> None:
             assert self.loop is not None
@@ -115,18 +124,27 @@ class RequestsMixin:
 
     async def _sweep_spool(self: Engine) -> None:
         """A bounded safety tick: a request written before the watcher was watching (at start)
-        would otherwise wait for the next filesystem event. One directory listing a second."""
+        would otherwise wait for the next filesystem event. One directory listing a second.
+        Answers nobody collected (a flood's, a requester that went away) are pruned every
+        SPOOL_PRUNE_S, off the event loop."""
+        import time
+
+        pruned = time.monotonic()
         while not self._watch_stop.is_set():
             await asyncio.sleep(SPOOL_SWEEP_S)
-            if spool.pending(self.paths):
+            if not self._spool_backlog:  # a backlog being served is listed again once served
                 self.process_spool()
+            if time.monotonic() - pruned > SPOOL_PRUNE_S:
+                pruned = time.monotonic()
+                assert self.loop is not None
+                await self.loop.run_in_executor(None, spool.prune_responses, self.paths)
 
     async def _watch_spool(self: Engine) -> None:
         import watchfiles
 
         queue = str(self.paths.queue)
         try:
-            async for _changes in watchfiles.awatch(
+            async for changes in watchfiles.awatch(
                 queue,
                 recursive=False,
                 debounce=0,
@@ -134,7 +152,7 @@ class RequestsMixin:
                 watch_filter=lambda _c, p: p.endswith(spool.SUFFIX),
                 stop_event=self._watch_stop,
             ):
-                self.process_spool()
+                self.process_spool([os.path.basename(p) for _c, p in changes])
         except asyncio.CancelledError:
             raise
         except Exception as err:  # the watcher broke: fall back to a bounded tick
@@ -143,10 +161,12 @@ class RequestsMixin:
                 await asyncio.sleep(0.5)
                 self.process_spool()
 
-    def process_spool(self: Engine) -> None:
-        """Apply the pending requests in name order. A request that cannot be applied or
-        answered for a reason outside it (a full disk, an I/O error) stays in the spool, and
-        so do the ones after it (their order is kept): they are tried again shortly."""
+    def process_spool(self: Engine, names: Iterable[str] | None = None) -> None:
+        """Serve the pending requests: round-robin across their owners, in name order within
+        one owner (see `backlog`). `names`: the requests that just arrived (the watch's events);
+        None (or a name "") lists the whole directory. A request that cannot be applied or
+        answered for a reason outside it (a full disk, an I/O error) stays in the spool, and so
+        do its owner's later ones (their order is kept): they are tried again shortly."""
         if self.closing:
             return  # an embedded engine about to stop: the next engine takes the requests
         # One scheduling pass after the batch, not one per request: each request is committed
@@ -156,28 +176,45 @@ class RequestsMixin:
             self._scheduling = True
             self._schedule_again = False
         try:
-            self._process_pending()
+            self._process_pending(names)
         finally:
             if batch:
                 self._scheduling = False
                 if self._schedule_again:
                     self._schedule()
 
-    def _process_pending(self: Engine) -> None:
+    def _process_pending(self: Engine, names: Iterable[str] | None) -> None:
+        backlog = self._spool_backlog
+        skip = self._spool_removing.__contains__  # answered; their files are being removed
+        if names is None:
+            refused = backlog.refresh(skip)
+        else:
+            names = list(names)
+            if "" in names:
+                refused = backlog.refresh(skip)
+            else:
+                refused = backlog.add(n for n in names if not skip(n))
+        if refused:
+            self._refuse_over_cap(refused)
         taken = 0
-        for path in spool.pending(self.paths):
-            if path.name in self._spool_removing:
-                continue  # answered; its file is being removed
+        while True:
             if taken == SPOOL_BATCH:
                 # the rest after one turn of the event loop: jobs that ended meanwhile are
-                # reaped and their slots handed on while a long backlog is being answered
+                # reaped and their slots handed on, and requests that arrived meanwhile join
+                # the round, while a long backlog is being answered
                 self._spool_more()
                 return
+            item = backlog.take()
+            if item is None:
+                break
+            name, uid = item
             taken += 1
+            path = self.paths.queue / name
             try:
-                self._process_request(path)
+                self._process_request(path, uid)
             except Exception as err:
-                why = f"could not apply request {path.name} ({type(err).__name__}: {err})"
+                backlog.put_back(name, uid)
+                why = f"could not apply request {name} ({type(err).__name__}: {err})"
                 if why != self._spool_failed:  # once, not at every retry
                     self._spool_failed = why
                     self._log_safely(
@@ -189,6 +226,20 @@ class RequestsMixin:
                 return
         self._spool_failed = None
 
+    def _refuse_over_cap(self: Engine, refused: list[tuple[str, int]]) -> None:
+        """Answer requests over their owner's cap with a refusal (off the event loop), and
+        log one line per burst of them."""
+        backlog = self._spool_backlog
+        for name, uid in refused:
+            user = spool.user_name(uid)
+            message = (
+                f"{backlog.pending_of(uid)} requests from {user} are pending, over the limit of "
+                f"{backlog.cap}; request {name[: -len(spool.SUFFIX)]} was refused: wait for them "
+                "to be answered, then submit it again"
+            )
+            self._spool_log(("cap", uid), f"refused request {name} from {user}: {message}")
+            self._answer_and_remove(self.paths.queue / name, {"error": message})
+
     def _spool_more(self: Engine) -> None:
         if self._spool_more_due or self.loop is None:
             return
@@ -196,7 +247,7 @@ class RequestsMixin:
 
         def more() -> None:
             self._spool_more_due = False
-            self.process_spool()
+            self.process_spool(())
 
         self.loop.call_soon(more)
 
@@ -206,7 +257,7 @@ class RequestsMixin:
 
         def again() -> None:
             self._spool_retry = None
-            self.process_spool()
+            self.process_spool(())
 
         self._spool_retry = self.loop.call_later(SPOOL_RETRY_S, again)
 
@@ -220,11 +271,41 @@ class RequestsMixin:
             except Exception:
                 pass
 
-    def _process_request(self: Engine, path: Path) -> None:
+    def _spool_log(self: Engine, key: tuple[str, int], line: str) -> None:
+        """A rejection or refusal, logged (in the store and the daemon's log) once per burst
+        from one user, then as a count (`backlog.Bursts`): a flood is not a write each."""
+        bursts = self._spool_bursts
+        if bursts is None:
+
+            def summary(key: object, count: int, secs: float, last: str) -> str:
+                kind, uid = cast(tuple[str, int], key)
+                what = "refused" if kind == "cap" else "rejected"
+                return (
+                    f"{what} {count} more requests from {spool.user_name(uid)} in the last "
+                    f"{secs:.0f} s (the last: {last})"
+                )
+
+            bursts = self._spool_bursts = Bursts(self._log_safely, window=SPOOL_LOG_WINDOW_S)
+            self._spool_burst_summary = summary
+        if bursts.event(key, line) and self._spool_burst_timer is None and self.loop is not None:
+            self._spool_burst_timer = self.loop.call_later(
+                SPOOL_LOG_WINDOW_S, self._flush_spool_log
+            )
+
+    def _flush_spool_log(self: Engine, force: bool = False) -> None:
+        self._spool_burst_timer = None
+        bursts = self._spool_bursts
+        if bursts is not None and bursts.flush(self._spool_burst_summary, force) and not force:
+            assert self.loop is not None
+            self._spool_burst_timer = self.loop.call_later(
+                SPOOL_LOG_WINDOW_S, self._flush_spool_log
+            )
+
+    def _process_request(self: Engine, path: Path, uid: int) -> None:
         try:
             req = spool.read(path)
         except SpoolError as err:
-            self._reject(path, str(err))
+            self._reject(path, uid, str(err))
             return
         done = self.store.jobs.request_result(req.id)
         # applied before a crash: answer again from the store, do not apply twice
@@ -238,30 +319,55 @@ class RequestsMixin:
         filesystem (its journal, the directory's lock while the next request is being written)
         and the loop has processes to start. Until it is gone the engine skips its name; if
         the engine stops first, the next one answers it again from the store."""
+        self._spool_removing.add(path.name)
+        self._spool_work().put((path, None))
+
+    def _answer_and_remove(self: Engine, path: Path, answer: dict[str, Any]) -> None:
+        """Answer a request that is refused without being applied (nothing of it is kept), and
+        remove it, both off the event loop. If the engine stops first, the next one sees it."""
+        self._spool_removing.add(path.name)
+        self._spool_answering.add(path.name)
+        self._spool_work().put((path, answer))
+
+    def _spool_work(self: Engine) -> Any:
+        """The remover thread's work queue (started at the first use): (request path, answer
+        to write first or None). Names done are handed back to the loop in batches."""
         import queue
         import threading
 
-        self._spool_removing.add(path.name)
-        if self._spool_remover is None:
-            work: queue.SimpleQueue[Path] = queue.SimpleQueue()
-            loop = self.loop
+        if self._spool_remover is not None:
+            return self._spool_remover
+        work: queue.SimpleQueue[tuple[Path, dict[str, Any] | None]] = queue.SimpleQueue()
+        loop = self.loop
 
-            def run() -> None:
-                while True:
-                    item = work.get()
-                    try:
-                        spool.remove(item)
-                    except OSError:
-                        pass  # still there: answered again from the store, then removed
+        def done(names: list[str]) -> None:
+            for name in names:
+                self._spool_removing.discard(name)
+                self._spool_answering.discard(name)
+
+        def run() -> None:
+            finished: list[str] = []
+            while True:
+                if finished and work.empty() or len(finished) >= 256:
                     if loop is not None and not loop.is_closed():
                         try:
-                            loop.call_soon_threadsafe(self._spool_removing.discard, item.name)
+                            loop.call_soon_threadsafe(done, finished)
                         except RuntimeError:  # the loop closed meanwhile
                             pass
+                    finished = []
+                path, answer = work.get()
+                try:
+                    if answer is not None and os.path.lexists(path):
+                        req_id = path.name[: -len(spool.SUFFIX)]
+                        spool.respond(self.paths, req_id, -1, answer)
+                    spool.remove(path)
+                except OSError:
+                    pass  # still there: answered (again) once the engine lists it next
+                finished.append(path.name)
 
-            threading.Thread(target=run, name="spool-remover", daemon=True).start()
-            self._spool_remover = work
-        self._spool_remover.put(path)
+        threading.Thread(target=run, name="spool-remover", daemon=True).start()
+        self._spool_remover = work
+        return work
 
     def _apply_and_record(self: Engine, req: Request) -> dict[str, Any]:
         """Apply the request and record its answer in one transaction: after a crash it is
@@ -300,16 +406,14 @@ class RequestsMixin:
             self._schedule()
         return answer
 
-    def _reject(self: Engine, path: Path, message: str) -> None:
-        """A request that cannot be read: answer the file's owner, keep nothing."""
-        req_id = path.name[: -len(spool.SUFFIX)]
-        try:
-            uid = os.lstat(path).st_uid
-        except OSError:
-            return
-        self._log_safely(f"rejected request {path.name}: {message}")
-        spool.respond(self.paths, req_id, uid, {"error": message})  # OSError: tried again later
-        spool.remove(path)
+    def _reject(self: Engine, path: Path, uid: int, message: str) -> None:
+        """A request that cannot be read: answer the file's owner, keep nothing (not even a
+        log line per request: one per burst from one user)."""
+        if "vanished before it was read" in message:
+            return  # withdrawn by its owner: nobody waits for an answer
+        user = spool.user_name(uid)
+        self._spool_log(("reject", uid), f"rejected request {path.name} from {user}: {message}")
+        self._answer_and_remove(path, {"error": message})
 
     def _apply_request(self: Engine, req: Request) -> dict[str, Any]:
         handler = self._handlers().get(req.op)
@@ -385,9 +489,11 @@ class RequestsMixin:
     # ------------------------------------------------------------------ handlers
     def _req_submit(self: Engine, req: Request) -> int:
         from det_local.config import parse_config
+        from det_local.config.limits import check_config_value
 
         p = req.payload
         source = str(p.get("source", "<config>"))
+        check_config_value(p["config"], source)  # its size and nesting, before it is walked
         umask = self._umask_of(req)
         cfg = parse_config(p["config"], source=source)
         return self.submit(

@@ -21,11 +21,14 @@ from typing import Any
 import msgpack
 
 from det_local.errors import DetLocalError
+from det_local.nesting import deep_path, short_path
 from det_local.store.paths import Paths
+from det_local.store.safe_open import UnsafeFile, read_bounded_stat
 
 SUFFIX = ".req"
 RESPONSE_SUFFIX = ".resp"
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_DEPTH = 100  # nested maps/lists in a request (a config in it: limits.MAX_DEPTH)
 
 
 class SpoolError(DetLocalError):
@@ -204,24 +207,46 @@ def pending(paths: Paths) -> list[Path]:
 
 
 def read(path: Path) -> Request:
-    """Parse a request file; SpoolError (one line, naming the file) when it is unusable."""
+    """Parse a request file; SpoolError (one line, naming the file) when it is unusable.
+
+    The file is opened once, without following a symlink and without blocking (a FIFO swapped
+    in for the file cannot hang the daemon); that descriptor is what is checked (a regular file,
+    at most MAX_REQUEST_BYTES) and read, and its owner is who made the request."""
     req_id = path.name[: -len(SUFFIX)]
     try:
-        st = os.lstat(path)
+        data, st = read_bounded_stat(path, MAX_REQUEST_BYTES, what="request", name=path.name)
     except FileNotFoundError:
         raise SpoolError(f"request {path.name} vanished before it was read") from None
-    if not os.path.isfile(path) or os.path.islink(path):
-        raise SpoolError(f"request {path.name} is not a regular file")
-    if st.st_size > MAX_REQUEST_BYTES:
-        raise SpoolError(f"request {path.name} is {st.st_size} bytes, over the limit")
-    data = path.read_bytes()
+    except UnsafeFile as err:
+        if err.reason == "symlink":
+            raise SpoolError(
+                f"request {path.name} is not a regular file (a symbolic link); refusing to "
+                "follow it (submit requests with the det-local CLI)"
+            ) from None
+        if err.reason == "not_regular":
+            raise SpoolError(
+                f"request {path.name} is not a regular file; refusing to read it "
+                "(submit requests with the det-local CLI)"
+            ) from None
+        raise SpoolError(str(err)) from None
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except msgpack.StackError:
+        raise SpoolError(
+            f"request {path.name} nests deeper than msgpack's limit of 1024 levels; "
+            "submit it with the det-local CLI"
+        ) from None
     except Exception:
         raise SpoolError(
             f"request {path.name} is malformed or truncated ({len(data)} bytes); "
             "submit it again with the det-local CLI"
         ) from None
+    deep = deep_path(body, MAX_REQUEST_DEPTH)
+    if deep is not None:  # before any handler walks it (recursively)
+        raise SpoolError(
+            f"request {path.name} nests deeper than {MAX_REQUEST_DEPTH} levels at "
+            f"{short_path(deep)}; submit it with the det-local CLI"
+        )
     if not isinstance(body, dict) or not isinstance(body.get("op"), str):
         raise SpoolError(f"request {path.name} has no operation; submit it with the det-local CLI")
     owner = user_name(st.st_uid)

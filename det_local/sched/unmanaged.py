@@ -65,6 +65,7 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     """Record the experiment and its trial, register the run awaiting its hello, write the
     token file; the answer names ids and paths only."""
     from det_local.config import parse_config
+    from det_local.config.limits import check_config_value
     from det_local.sched import userfiles
     from det_local.sched.engine import (
         ExperimentRun,
@@ -81,6 +82,7 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     raw = payload["config"]
     if not isinstance(raw, dict):
         raise DetLocalError("unmanaged request: config is not a map")
+    check_config_value(raw, "core_v2.Config")  # its size and nesting, before it is walked
     argv = [str(a) for a in payload.get("argv") or []] or ["python"]
     raw = mark({**raw, "entrypoint": shlex.join(argv), "searcher": _single(raw.get("searcher"))})
     cfg = parse_config(raw, source="core_v2.Config")

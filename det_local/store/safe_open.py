@@ -9,6 +9,7 @@ bytes. Anything else is an ``UnsafeFile`` error with one line naming the file an
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -19,7 +20,12 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os
 
 
 class UnsafeFile(DetLocalError):
-    """A file in a user-writable place that the daemon refuses to read."""
+    """A file in a user-writable place that the daemon refuses to read. ``reason``: symlink,
+    not_regular, owner, size or open."""
+
+    def __init__(self, message: str, reason: str = "open") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def read_bounded(
@@ -31,26 +37,46 @@ def read_bounded(
 ) -> bytes:
     """The contents of a regular file of at most ``max_bytes`` bytes (owned by ``owner`` when
     given). FileNotFoundError passes through unchanged, so callers can treat "absent" apart."""
-    name = Path(path)
+    return read_bounded_stat(path, max_bytes, owner=owner, what=what)[0]
+
+
+def read_bounded_stat(
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    *,
+    owner: int | None = None,
+    what: str = "file",
+    name: str | None = None,
+) -> tuple[bytes, os.stat_result]:
+    """``read_bounded``, with the fstat of the descriptor that was read: who owns what was
+    read comes from the same descriptor, never from a second look at the name (which another
+    user may have swapped meanwhile). ``name`` is how messages name the file (its path when
+    not given). ``UnsafeFile.reason`` says why a file was refused."""
+    shown = Path(path) if name is None else name
     try:
-        fd = os.open(name, _FLAGS)
+        fd = os.open(path, _FLAGS)
     except OSError as err:
         if isinstance(err, FileNotFoundError):
             raise
-        if err.errno == 40:  # ELOOP: the last component is a symlink (O_NOFOLLOW)
-            raise UnsafeFile(f"{what} {name} is a symbolic link; refusing to follow it") from None
-        raise UnsafeFile(f"{what} {name} cannot be opened: {err.strerror}") from None
+        if err.errno == errno.ELOOP:  # the last component is a symlink (O_NOFOLLOW)
+            raise UnsafeFile(
+                f"{what} {shown} is a symbolic link; refusing to follow it", "symlink"
+            ) from None
+        raise UnsafeFile(f"{what} {shown} cannot be opened: {err.strerror}", "open") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{what} {name} is not a regular file; refusing to read it")
+            raise UnsafeFile(
+                f"{what} {shown} is not a regular file; refusing to read it", "not_regular"
+            )
         if owner is not None and st.st_uid != owner and st.st_uid != 0:
             raise UnsafeFile(
-                f"{what} {name} is owned by uid {st.st_uid}, expected uid {owner}; refusing it"
+                f"{what} {shown} is owned by uid {st.st_uid}, expected uid {owner}; refusing it",
+                "owner",
             )
         if st.st_size > max_bytes:
             raise UnsafeFile(
-                f"{what} {name} is {st.st_size} bytes, over the {max_bytes}-byte limit"
+                f"{what} {shown} is {st.st_size} bytes, over the {max_bytes}-byte limit", "size"
             )
         chunks: list[bytes] = []
         left = max_bytes + 1  # one more than allowed: a file that grew meanwhile is caught
@@ -62,7 +88,9 @@ def read_bounded(
             left -= len(chunk)
         data = b"".join(chunks)
         if len(data) > max_bytes:
-            raise UnsafeFile(f"{what} {name} grew past the {max_bytes}-byte limit while read")
-        return data
+            raise UnsafeFile(
+                f"{what} {shown} grew past the {max_bytes}-byte limit while read", "size"
+            )
+        return data, st
     finally:
         os.close(fd)

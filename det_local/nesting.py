@@ -1,0 +1,35 @@
+"""How deeply data nests, found without recursion: for bounding what users send (configs,
+requests) before any recursive code (validation, serialisation) walks it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def short_path(parts: Sequence[object], keep_head: int = 4, keep_tail: int = 2) -> str:
+    """`hyperparameters.a.a.a.(57 more).a.a`: a long field path, readable on one line."""
+    names = [str(p) if len(str(p)) <= 40 else str(p)[:37] + "..." for p in parts]
+    if len(names) <= keep_head + keep_tail + 1:
+        return ".".join(names)
+    hidden = len(names) - keep_head - keep_tail
+    return ".".join([*names[:keep_head], f"({hidden} more)", *names[-keep_tail:]])
+
+
+def deep_path(value: Any, limit: int) -> list[object] | None:
+    """The path (keys and list indexes) to the first mapping or list nested deeper than
+    `limit` levels in `value` (the outermost counting as level 1), None when within it.
+    Iterative: safe on any depth; shared substructures are walked where they occur."""
+    if not isinstance(value, (dict, list)):
+        return None
+    # each entry: (container, its path, its level)
+    stack: list[tuple[Any, list[object], int]] = [(value, [], 1)]
+    while stack:
+        node, path, level = stack.pop()
+        if level > limit:
+            return path
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, (dict, list)):
+                stack.append((child, [*path, key], level + 1))
+    return None
