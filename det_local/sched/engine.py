@@ -893,7 +893,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         exp.stopping = "kill"
         for t in self.store.list_trials(experiment_id):
             if t.id not in self.runs:
-                self._dequeue_trial(t.id, "experiment killed")
+                self._dequeue_trial(t.id, "experiment killed", cancel=True)
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
         if runs:
             self.store.set_experiment_state(experiment_id, State.STOPPING_CANCELED)
