@@ -198,6 +198,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
     def request_stop(self) -> None:
         self._stop_requested.set()
 
+    def stop_taking_work(self) -> None:
+        """An embedded engine about to stop before it is idle (`cmd run -f` interrupted):
+        requests wait in the spool for the next engine, as after `wait_idle`."""
+        self.closing = True
+        self._watch_stop.set()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
