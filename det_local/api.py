@@ -82,12 +82,14 @@ def control_job(op: str, payload: dict[str, object]) -> Any:
     return send(paths(), op, payload)
 
 
-def follow_command(job_id: int, poll: float = 0.05) -> int:
+def follow_command(job_id: int, poll: float = 0.05, p: Paths | None = None) -> int:
     """Stream a command's output until it ends; returns its exit status (1 if unknown)."""
     import sys
     import time
 
-    p = paths()
+    from det_local.store.jobs import ENDED
+
+    p = p or paths()
     log = p.command_log(job_id)
     offset = 0
     while True:
@@ -106,13 +108,21 @@ def follow_command(job_id: int, poll: float = 0.05) -> int:
             offset += len(data)
             sys.stdout.write(data.decode("utf-8", "replace"))
             sys.stdout.flush()
-        if job.state == "DONE" and not data:
-            if job.message and job.exit_code is None:
-                print(f"det-local: {job.message}", file=sys.stderr)
-            code = job.exit_code
-            return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+        if job.state in ENDED and not data:
+            return command_exit_status(job)
         if not data:
             time.sleep(poll)
+
+
+def command_exit_status(job: Any) -> int:
+    """The exit status for an ended command's job, as a shell reports it (128+N for a signal;
+    1, with its message on stderr, when it has none: it never started, or was canceled)."""
+    import sys
+
+    if job.message and job.exit_code is None:
+        print(f"det-local: {job.message}", file=sys.stderr)
+    code = job.exit_code
+    return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
 
 
 def ranked_trials(store: Store, experiment_id: int) -> list[Any]:

@@ -169,6 +169,16 @@ def test_experiment_list_json(world: World) -> None:
         assert key in first
     assert first["name"] == "mnist" and first["state"] == "ACTIVE"
     assert first["labels"] == ["fast", "v1"]
+    # each experiment's own config, as `experiment describe --json` gives it
+    assert first["config"]["searcher"] == {
+        "name": "single",
+        "metric": "val_loss",
+        "max_length": {"batches": 100},
+    }
+    assert first["config"]["resources"] == {"slots_per_trial": 2}
+    assert data[1]["config"] == {}
+    described = json.loads(world.cli("experiment", "describe", world.exp, "--json").stdout)
+    assert first["config"] == described["experiment"]["config"]
 
 
 def test_experiment_describe(world: World) -> None:

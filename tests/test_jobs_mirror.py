@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from det_local.errors import StateError
 from det_local.store.db import Store
 from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
+from det_local.store.states import JOB_TRANSITIONS, JobState
 
 
 def sql_view(store: Store) -> list[JobRecord]:
@@ -42,7 +44,7 @@ def random_change(store: Store, rng: random.Random, ids: list[int], trial: list[
     jobs = store.jobs
     op = rng.choice(
         ["create", "create", "allocate", "process", "finish", "requeue", "priority", "move"]
-        + ["acked"]
+        + ["acked", "cancel"]
     )
     if op == "create" or not ids:
         kind = rng.choice(["COMMAND", "TRIAL"])
@@ -66,19 +68,39 @@ def random_change(store: Store, rng: random.Random, ids: list[int], trial: list[
         )
         return
     job_id = rng.choice(ids)
-    if op == "allocate":
-        jobs.allocate(job_id, rng.sample(range(4), rng.choice([0, 1, 2])), 1)
+    moves = {
+        "allocate": (
+            JobState.SCHEDULED,
+            jobs.allocate,
+            (rng.sample(range(4), rng.choice([0, 1, 2])), 1),
+        ),
+        "finish": (JobState.DONE, jobs.finish, (rng.choice([None, 0, 1]), "ended")),
+        "cancel": (JobState.CANCELED, jobs.cancel, ("canceled",)),
+    }
+    if op in moves or op == "requeue":
+        # a state change: made as the transition table allows, refused (nothing changed) if not
+        new, change, args = moves.get(op) or (JobState.QUEUED, None, ())
+        before = jobs.get(job_id)
+        legal = before.state == new.value or new in JOB_TRANSITIONS[JobState(before.state)]
+        try:
+            if change is None:
+                jobs.requeue(job_id, priority=rng.choice([None, 5, 50]))
+            else:
+                change(job_id, *args)  # type: ignore[operator]
+        except StateError as err:
+            assert not legal, err
+            assert jobs.get(job_id) == before
+            assert f"job {job_id} is {before.state}; it cannot become {new.value}" in str(err)
+        else:
+            assert legal, (before.state, new)
+            assert jobs.get(job_id).state == new.value
     elif op == "process":
         jobs.set_process(job_id, rng.randrange(2, 1 << 20), float(rng.randrange(1000)))
-    elif op == "finish":
-        jobs.finish(job_id, rng.choice([None, 0, 1]), "ended")
-    elif op == "requeue":
-        jobs.requeue(job_id, priority=rng.choice([None, 5, 50]))
     elif op == "priority":
         jobs.set_priority(job_id, rng.choice([1, 42, 99]))
     elif op == "move":
         other = rng.choice(ids)
-        if other != job_id and jobs.get(other).state != "DONE":
+        if other != job_id and jobs.get(other).state in (QUEUED, SCHEDULED):
             jobs.set_position(job_id, jobs.neighbour_position(other, ahead=rng.random() < 0.5))
     else:
         jobs.set_preempt_acked(job_id)

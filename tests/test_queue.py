@@ -404,6 +404,35 @@ def test_trial_ignoring_preemption_is_killed_after_the_timeout(dl: Env) -> None:
     dl.wait_job(urgent)
 
 
+def test_pause_of_a_trial_ignoring_preemption_is_stopping_paused_until_it_exits(
+    dl: Env,
+) -> None:
+    dl.daemon_start(**CPU1)
+    cfg, ctx = dl.context(_STUBBORN, {"preemption_timeout": 3})
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: "ignoring preemption" in dl.log(1, 1), what="the trial")
+    wrapper = dl.job_pid(trial_job(dl, 1).id)
+    r = dl.det("experiment", "pause", 1)
+    assert (r.rc, r.out.strip()) == (0, "experiment 1 paused"), r
+    # its process still runs (until the 3 s preemption timeout): not PAUSED yet
+    state, trial_state = dl.experiment(1).state, dl.trial(1).state
+    assert not gone(wrapper), "the trial stopped before the states were read"
+    assert (state, trial_state) == (State.STOPPING_PAUSED, State.ACTIVE)
+    listed = dl.json("experiment", "list")
+    assert [e["state"] for e in listed] == ["STOPPING_PAUSED"] or gone(wrapper), listed
+    r = dl.det("experiment", "pause", 1)
+    assert (r.rc, r.out.strip()) == (0, "experiment 1 is already paused"), r
+    # killed at the preemption timeout: PAUSED, and resumable from its checkpoint
+    wait_for(lambda: dl.experiment(1).state == State.PAUSED, what="the pause to complete")
+    assert gone(wrapper) and dl.trial(1).state == State.PAUSED
+    assert [e["state"] for e in dl.json("experiment", "list")] == ["PAUSED"]
+    ckpt = dl.checkpoints(1)[0].uuid
+    r = dl.det("experiment", "activate", 1)
+    assert (r.rc, r.out.strip()) == (0, "experiment 1 activated"), r
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, what="the trial to finish")
+    assert f"run 2 resumes from {ckpt}" in dl.log(1, 1)
+
+
 # ---------------------------------------------------------------------------- caps, backfill
 def test_max_slots_per_experiment(dl: Env) -> None:
     dl.daemon_start(**GPU4)
@@ -494,7 +523,8 @@ def test_experiment_pause_activate_kill_through_the_daemon(dl: Env) -> None:
     assert (r.rc, r.out.strip()) == (0, "experiment 1 paused"), r
     wait_for(lambda: dl.trial(1).state == State.PAUSED, what="the trial to pause")
     paused_at = dl.trial(1).steps_completed
-    assert dl.experiment(1).state == State.PAUSED
+    # (STOPPING_PAUSED until the engine has seen the trial's exit through)
+    wait_for(lambda: dl.experiment(1).state == State.PAUSED, what="the experiment to pause")
     assert dl.json("job", "list") == []  # a paused trial holds no slot and waits for nothing
     # the slot is free for others meanwhile
     assert dl.wait_job(dl.cmd("true")).exit_code == 0

@@ -107,6 +107,9 @@ def test_ctrl_c_pauses_and_activate_resumes_from_the_checkpoint(dl: Env) -> None
     assert r.rc == 0, r
     assert "experiment 1 activated" in r.out
     assert "run 2 starts at batch 6" in r.out
+    # what the first run wrote was shown then; the resumed run's output only, now
+    assert "run 1 " not in r.out, r.out
+    assert r.out.index("experiment 1 activated") < r.out.index("run 2 starts at batch 6")
     assert "Experiment 1 (ctx) COMPLETED" in r.out
     assert dl.experiment(1).state == State.COMPLETED
     _check_resumed_exactly(dl, 1, 20, 6)

@@ -101,7 +101,7 @@ def test_adaptive_asha_through_the_daemon_with_pause_and_activate(dl: Env) -> No
         lambda: [t.state for t in dl.trials(1)] == [State.PAUSED, State.PAUSED],
         what="both trials to pause",
     )
-    assert dl.experiment(1).state == State.PAUSED
+    wait_for(lambda: dl.experiment(1).state == State.PAUSED, what="the experiment to pause")
     _slots_free(dl)
     # the follower stops at the pause (exit 3), its last progress line saying so
     r = follow.wait()

@@ -22,7 +22,9 @@ def run(
 ) -> None:
     """Queue a command: `det-local cmd run --slots 1 -- python3 eval.py --fast`.
 
-    Its output goes to a log (`det-local cmd logs ID`); its exit status is recorded."""
+    Its output goes to a log (`det-local cmd logs ID`); its exit status is recorded. With no
+    daemon running, -f runs it here (an engine in this process, as `det-local run` does);
+    without -f it waits in the queue until a daemon starts."""
     import os
 
     from det_local import api
@@ -31,18 +33,20 @@ def run(
     argv = list(ctx.args)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    job_id = api.control_job(
-        "cmd_run",
-        {
-            "argv": argv,
-            "cwd": os.getcwd(),
-            "env": dict(os.environ),
-            "slots": slots,
-            "priority": priority,
-            "name": name,
-            "umask": current_umask(),  # it runs with this shell's umask, as if run here
-        },
-    )
+    payload = {
+        "argv": argv,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "slots": slots,
+        "priority": priority,
+        "name": name,
+        "umask": current_umask(),  # it runs with this shell's umask, as if run here
+    }
+    if follow:
+        from det_local.sched.embedded import run_command
+
+        raise typer.Exit(run_command(api.paths(), payload))
+    job_id = api.control_job("cmd_run", payload)
     print(f"Queued command {job_id}", flush=True)
     from det_local.sched.control import lock_free
 
@@ -52,12 +56,11 @@ def run(
 
         print(
             f"det-local: no daemon is running for {p.home}; command {job_id} waits in the "
-            "queue until one starts (`det-local daemon start`)",
+            "queue until one starts (`det-local daemon start`), or run it now in this "
+            "terminal with `det-local cmd run -f`",
             file=sys.stderr,
             flush=True,
         )
-    if follow:
-        raise typer.Exit(api.follow_command(int(job_id)))
 
 
 @app.command("list")

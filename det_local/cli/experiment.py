@@ -35,7 +35,8 @@ def list_experiments(
     from det_local.cli.common import print_json, table
     from det_local.store.db import current_user
 
-    exps = open_store().list_experiments()  # one query; configs are not loaded
+    # one query; configs are read only for --json, which prints them
+    exps = open_store().list_experiments(with_config=as_json)
     if not all_users:
         user = current_user()
         exps = [e for e in exps if e.user == user]

@@ -120,7 +120,7 @@ def _control_once(paths: Paths, experiment_id: int, action: str, **fields: Any) 
             remote_request(p, "activate", {"experiment_id": experiment_id})
             return experiment_id
 
-        code = drive(paths, act, remote, follow=True)
+        code = drive(paths, act, remote, follow=True, resume=experiment_id)
         if code:
             raise _Exit(code)
         return f"experiment {experiment_id} finished"

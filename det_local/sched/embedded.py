@@ -1,7 +1,8 @@
-"""`det-local run` with no daemon: an engine in this process for the life of the run.
+"""`det-local run` (and `cmd run -f`) with no daemon: an engine in this process for the life
+of the run.
 
 If an engine already runs on this DET_LOCAL_HOME (another `det-local run`, or the daemon), the
-experiment is submitted to it instead, and this process only follows its output.
+experiment (command) is submitted to it instead, and this process only follows its output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from det_local.errors import DetLocalError
 from det_local.sched.control import lock_free_fd
-from det_local.sched.follow import Follower, summary
+from det_local.sched.follow import Follower, log_ends, summary
 from det_local.sched.plan import allowed_submitter_vars
 from det_local.store.paths import Paths
 from det_local.store.states import State
@@ -135,16 +136,24 @@ def drive(
     quiet: bool = False,
     announce: bool = False,
     finish: Finish = summarize,
+    resume: int | None = None,
 ) -> int:
     """Run `act(engine)` in an embedded engine (or `remote(paths)` against a live one), then
-    follow the experiment it names until it stops; returns the exit code for its final state."""
+    follow the experiment it names until it stops; returns the exit code for its final state.
+
+    resume: the id of the experiment `act` resumes (`experiment activate`): the output its
+    trials wrote before is not shown again."""
     from det_local.sched.control import retrying
+
+    offsets: dict[int, int] = {}
 
     def attempt() -> tuple[EngineLock | None, int | None]:
         lock = EngineLock(paths)
         if lock.try_acquire():
             return lock, None
         lock.release()
+        if resume is not None:
+            offsets.update(_log_ends(paths, resume))
         return None, remote(paths)
 
     # An engine that is stopping refuses new work (EngineGone): wait until it is gone, then
@@ -156,7 +165,7 @@ def drive(
             print(f"Created experiment {exp_id}", flush=True)
         if not follow:
             return 0
-        return _follow_remote(paths, exp_id, quiet, finish)
+        return _follow_remote(paths, exp_id, quiet, finish, offsets)
     if not follow:
         lock.release()
         raise DetLocalError(
@@ -164,13 +173,18 @@ def drive(
             f"run` on {paths.home}), and none is running; run without --detach"
         )
     try:
-        return asyncio.run(_embedded(paths, act, quiet, announce, finish))
+        return asyncio.run(_embedded(paths, act, quiet, announce, finish, resume))
     finally:
         lock.release()
 
 
 async def _embedded(
-    paths: Paths, act: Callable[[Any], int], quiet: bool, announce: bool, finish: Finish
+    paths: Paths,
+    act: Callable[[Any], int],
+    quiet: bool,
+    announce: bool,
+    finish: Finish,
+    resume: int | None = None,
 ) -> int:
     from det_local.sched.engine import Engine, install_interrupt
 
@@ -178,11 +192,13 @@ async def _embedded(
     await engine.start()
     started = time.time()
     try:
+        # before act: a resumed trial may write at once
+        offsets = log_ends(engine.store, paths, resume) if resume is not None else {}
         exp_id = act(engine)
         if announce:
             print(f"Created experiment {exp_id}", flush=True)
         install_interrupt(engine)
-        follower = Follower(engine.store, paths, exp_id, sys.stdout if not quiet else None)
+        follower = Follower(engine.store, paths, exp_id, sys.stdout if not quiet else None, offsets)
         task = asyncio.create_task(follower.run(poll=0.05))
         await engine.wait_idle()
         follower.stop()
@@ -195,11 +211,23 @@ async def _embedded(
         await engine.stop()
 
 
-def _follow_remote(paths: Paths, exp_id: int, quiet: bool, finish: Finish) -> int:
+def _log_ends(paths: Paths, exp_id: int) -> dict[int, int]:
     from det_local.store.db import Store
 
     store = Store(paths.db, readonly=True)
-    follower = Follower(store, paths, exp_id, sys.stdout if not quiet else None)
+    try:
+        return log_ends(store, paths, exp_id)
+    finally:
+        store.close()
+
+
+def _follow_remote(
+    paths: Paths, exp_id: int, quiet: bool, finish: Finish, offsets: dict[int, int] | None = None
+) -> int:
+    from det_local.store.db import Store
+
+    store = Store(paths.db, readonly=True)
+    follower = Follower(store, paths, exp_id, sys.stdout if not quiet else None, offsets)
     started = time.time()
 
     async def go() -> None:
@@ -234,3 +262,126 @@ def _wait_for_checkpoint_gc(store: Any, exp_id: int, timeout: float = 10.0) -> N
         except sqlite3.Error:  # a database from before checkpoint GC
             return
         time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- commands
+def run_command(paths: Paths, payload: dict[str, Any]) -> int:
+    """`det-local cmd run -f`: queue the command and stream its output until it ends; returns
+    its exit status. With no engine running, one runs in this process until the command (and
+    whatever else it took on, like `det-local run`) is done."""
+    from det_local.api import follow_command
+    from det_local.sched.control import remote_request, retrying
+
+    def attempt() -> tuple[EngineLock | None, int | None]:
+        lock = EngineLock(paths)
+        if lock.try_acquire():
+            return lock, None
+        lock.release()
+        return None, int(remote_request(paths, "cmd_run", payload))
+
+    lock, job_id = retrying(paths, attempt)
+    if lock is None:
+        assert job_id is not None
+        print(f"Queued command {job_id}", flush=True)
+        return follow_command(job_id, p=paths)
+    try:
+        return asyncio.run(_embedded_command(paths, payload))
+    finally:
+        lock.release()
+
+
+async def _embedded_command(paths: Paths, payload: dict[str, Any]) -> int:
+    from det_local.api import command_exit_status
+    from det_local.sched.engine import Engine
+    from det_local.sched.spool import Request, user_name
+    from det_local.store.jobs import ENDED
+
+    engine = Engine(paths)
+    await engine.start()
+    try:
+        uid = os.geteuid()
+        req = Request("embedded", "cmd_run", user_name(uid), uid, payload, paths.queue / "embedded")
+        answer = engine._apply_request(req)  # the checks and the errors a daemon gives
+        if answer.get("error"):
+            raise DetLocalError(str(answer["error"]))
+        job_id = int(answer["value"])
+        print(f"Queued command {job_id}", flush=True)
+        leaving = _command_interrupt(engine, job_id)
+        tail = _LogTail(paths.command_log(job_id))
+        idle = asyncio.ensure_future(engine.wait_idle())
+        try:
+            while not idle.done():
+                tail.pump()
+                if leaving() and engine.store.jobs.peek(job_id).state in ENDED and not engine.runs:
+                    # interrupted: its command is gone; other jobs this engine started keep
+                    # running and are adopted by the next engine, queued ones wait for it
+                    engine.stop_taking_work()
+                    break
+                await asyncio.sleep(0.05)  # a bounded tick, as `det-local run` follows a trial
+        finally:
+            idle.cancel()
+        tail.pump()
+        return command_exit_status(engine.store.jobs.get(job_id))
+    finally:
+        await engine.stop()
+
+
+class _LogTail:
+    """A command's log, copied to stdout as it grows (bytes as they are: a command's output
+    need not be text, nor end its lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def pump(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if data:
+            self.offset += len(data)
+            raw = getattr(sys.stdout, "buffer", None)
+            if raw is not None:
+                raw.write(data)
+                raw.flush()
+            else:  # a text-only stdout (an embedding program's)
+                sys.stdout.write(data.decode("utf-8", "replace"))
+                sys.stdout.flush()
+
+
+def _command_interrupt(engine: Any, job_id: int) -> Callable[[], bool]:
+    """Ctrl-C (or SIGTERM) while an embedded engine runs `cmd run -f`: the first stops the
+    command (SIGTERM to its group; SIGKILL after the grace period) and pauses experiments this
+    engine runs; the second kills it now. Returns whether it was interrupted."""
+    import signal
+
+    from det_local.sched import executor
+    from det_local.store.jobs import ENDED
+
+    count = 0
+
+    def on_signal() -> None:
+        nonlocal count
+        count += 1
+        job = engine.store.jobs.peek(job_id)
+        if engine.runs:
+            engine.interrupt(count)
+        if job.state in ENDED:
+            return
+        if count == 1:
+            engine._out(f"det-local: stopping command {job_id} (Ctrl-C again to kill it at once)")
+            engine.kill_job(job_id)
+        elif job.pid is not None:
+            engine._out(f"det-local: killing command {job_id}")
+            executor.kill_group(job.pid)
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
+    except (RuntimeError, ValueError):  # not the main thread
+        pass
+    return lambda: count > 0

@@ -208,6 +208,12 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
     def request_stop(self) -> None:
         self._stop_requested.set()
 
+    def stop_taking_work(self) -> None:
+        """An embedded engine about to stop before it is idle (`cmd run -f` interrupted):
+        requests wait in the spool for the next engine, as after `wait_idle`."""
+        self.closing = True
+        self._watch_stop.set()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -236,7 +242,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
 
     def _check_idle(self) -> None:
         active = any(
-            self.store.get_experiment(e).state in (State.ACTIVE, State.STOPPING_CANCELED)
+            self.store.get_experiment(e).state
+            in (State.ACTIVE, State.STOPPING_CANCELED, State.STOPPING_PAUSED)
             for e in self.experiments
         )
         if not self.procs and not active and not self.gc_running and not self.store.jobs.active():
@@ -840,6 +847,8 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
                 self.store.set_experiment_state(exp.id, State.CANCELED)
             exp.stopping = None
         elif exp.stopping == "pause":
+            if state == State.STOPPING_PAUSED:  # its last trial process is gone
+                self.store.set_experiment_state(exp.id, State.PAUSED)
             exp.stopping = None
         elif exp.stopping == "error":  # the searcher could not go on (see _searcher_failed)
             rec = self.store.get_experiment(exp.id)
@@ -921,15 +930,19 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         unmanaged.refuse_control(self, experiment_id, "pause")
         exp = self._exp(experiment_id)
         state = self.store.get_experiment(experiment_id).state
-        if state == State.PAUSED:
+        if state in (State.PAUSED, State.STOPPING_PAUSED):
             return f"experiment {experiment_id} is already paused"
         if state != State.ACTIVE:
             raise StateError(
                 f"experiment {experiment_id} is {state.value}; "
                 "only ACTIVE experiments can be paused"
             )
-        self.store.set_experiment_state(experiment_id, State.PAUSED)
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
+        # STOPPING_PAUSED while a trial's process is still there (it checkpoints, or ignores
+        # the preemption until the timeout); PAUSED when the last one has exited
+        self.store.set_experiment_state(
+            experiment_id, State.STOPPING_PAUSED if runs else State.PAUSED
+        )
         for t in self.store.list_trials(experiment_id):
             if t.state == State.ACTIVE and t.id not in self.runs:
                 self._dequeue_trial(t.id, "experiment paused")
@@ -953,14 +966,14 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         state = self.store.get_experiment(experiment_id).state
         if state == State.ACTIVE and exp.stopping is None:
             return f"experiment {experiment_id} is already active"
-        if state not in (State.PAUSED, State.ACTIVE):
+        if state not in (State.PAUSED, State.STOPPING_PAUSED, State.ACTIVE):
             raise StateError(
                 f"experiment {experiment_id} is {state.value}; "
                 "only PAUSED experiments can be activated"
             )
         if exp.stopping == "pause":
             exp.stopping = None  # paused and activated before its trials stopped
-        if state == State.PAUSED:
+        if state in (State.PAUSED, State.STOPPING_PAUSED):
             self.store.set_experiment_state(experiment_id, State.ACTIVE)
         for t in self.store.list_trials(experiment_id):
             if t.state in (State.PAUSED, State.ACTIVE) and t.id not in self.runs:
@@ -979,7 +992,7 @@ class Engine(TrialSocketMixin, QueueMixin, RequestsMixin):
         exp.stopping = "kill"
         for t in self.store.list_trials(experiment_id):
             if t.id not in self.runs:
-                self._dequeue_trial(t.id, "experiment killed")
+                self._dequeue_trial(t.id, "experiment killed", cancel=True)
         runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
         if runs:
             self.store.set_experiment_state(experiment_id, State.STOPPING_CANCELED)

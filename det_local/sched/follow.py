@@ -26,12 +26,21 @@ class Follower:
     """Tails every trial log of one experiment; prefixes lines with the trial id when there are
     several trials."""
 
-    def __init__(self, store: Store, paths: Paths, experiment_id: int, out: IO[str] | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        paths: Paths,
+        experiment_id: int,
+        out: IO[str] | None,
+        offsets: dict[int, int] | None = None,
+    ) -> None:
+        """offsets: trial id -> where to start in its log (`log_ends`: what was shown
+        before, e.g. by the run an `experiment activate` resumes); the start otherwise."""
         self.store = store
         self.paths = paths
         self.experiment_id = experiment_id
         self.out = out
-        self.offsets: dict[int, int] = {}
+        self.offsets: dict[int, int] = dict(offsets or {})
         self.partial: dict[int, bytes] = {}
         self._stop = False
         self._search: SearchProgress | None = None
@@ -107,6 +116,17 @@ class Follower:
                 if rest:
                     self.out.write(rest.decode("utf-8", "replace") + "\n")
             self.out.flush()
+
+
+def log_ends(store: Store, paths: Paths, experiment_id: int) -> dict[int, int]:
+    """trial id -> the size of its log now: a Follower given these shows only what comes next."""
+    ends = {}
+    for t in store.list_trials(experiment_id):
+        try:
+            ends[t.id] = os.path.getsize(paths.trial_log(experiment_id, t.id))
+        except OSError:
+            pass
+    return ends
 
 
 class SearchProgress:

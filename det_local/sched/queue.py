@@ -315,10 +315,15 @@ class QueueMixin:
         elif job.state != QUEUED:
             self.store.jobs.requeue(job.id)
 
-    def _dequeue_trial(self: Engine, trial_id: int, message: str) -> None:
+    def _dequeue_trial(self: Engine, trial_id: int, message: str, *, cancel: bool = False) -> None:
+        """Take the trial's job out of the queue: DONE (it is queued again on activation), or
+        CANCELED (cancel=True: the experiment was killed)."""
         job = self.store.jobs.for_trial(trial_id)
         if job is not None and job.state == QUEUED:
-            self.store.jobs.finish(job.id, None, message)
+            if cancel:
+                self.store.jobs.cancel(job.id, message)
+            else:
+                self.store.jobs.finish(job.id, None, message)
 
     def _finish_trial_job(self: Engine, trial_id: int, code: int | None, message: str) -> None:
         job = self.store.jobs.for_trial(trial_id)
@@ -495,7 +500,7 @@ class QueueMixin:
             assert job.experiment_id is not None
             return self.kill(job.experiment_id)
         if job.state == QUEUED:
-            self.store.jobs.finish(job.id, None, "removed from the queue on request")
+            self.store.jobs.cancel(job.id, "removed from the queue on request")
             self.private.drop_job_env(job.id)
             self._schedule()
             return f"command {job_id} removed from the queue"
@@ -610,12 +615,12 @@ class QueueMixin:
 
         for rec in self.store.list_experiments(states=[State.ACTIVE, State.STOPPING_CANCELED]):
             self._exp(rec.id)
-        for rec in self.store.list_experiments(states=[State.PAUSED]):
-            if any(
+        for rec in self.store.list_experiments(states=[State.PAUSED, State.STOPPING_PAUSED]):
+            if rec.state == State.STOPPING_PAUSED or any(
                 j.experiment_id == rec.id and j.state == SCHEDULED for j in self.store.jobs.active()
             ):
                 exp = self._exp(rec.id)
-                exp.stopping = "pause"
+                exp.stopping = "pause"  # PAUSED (STOPPING_PAUSED) once its trials have exited
         import os
 
         settled: list[tuple[JobRecord, int | None, bool, str | None]] = []

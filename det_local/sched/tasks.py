@@ -20,6 +20,7 @@ from typing import Any
 from det_local.errors import DetLocalError
 from det_local.launch.ports import free_port
 from det_local.sched.spool import user_name
+from det_local.store.jobs import ENDED
 from det_local.store.paths import Paths
 
 WAIT_TICK_S = 0.05
@@ -49,7 +50,7 @@ def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[st
             job = store.jobs.get(job_id)
         finally:
             store.close()
-        if job.state == "DONE":
+        if job.state in ENDED:
             raise DetLocalError(f"job {job_id} ended before it started: {job.message or ''}")
         if job.state == "SCHEDULED" and alloc.exists():
             return dict(json.loads(alloc.read_text()))

@@ -340,15 +340,21 @@ class Store:
             )
         return self._experiment(row[:-1], row[-1])
 
-    def list_experiments(self, *, states: Iterable[State] | None = None) -> list[ExperimentRecord]:
-        sql = f"SELECT {_EXP_COLS} FROM experiments"
+    def list_experiments(
+        self, *, states: Iterable[State] | None = None, with_config: bool = False
+    ) -> list[ExperimentRecord]:
+        """Experiments by id; their configs (left out unless with_config) read {}."""
+        sql = f"SELECT {_EXP_COLS}{', config' if with_config else ''} FROM experiments"
         args: list[Any] = []
         if states is not None:
             wanted = [s.value for s in states]
             sql += f" WHERE state IN ({','.join('?' * len(wanted))})"
             args.extend(wanted)
         sql += " ORDER BY id"
-        return [self._experiment(r) for r in self.conn.execute(sql, args)]
+        rows = self.conn.execute(sql, args)
+        if with_config:
+            return [self._experiment(r[:-1], r[-1]) for r in rows]
+        return [self._experiment(r) for r in rows]
 
     # ------------------------------------------------------------------ trials
     def create_trial(

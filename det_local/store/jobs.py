@@ -1,9 +1,11 @@
 """The job queue's records: one row per schedulable job (a trial, a command, a shell...).
 
 A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process running); a job
-that ended is DONE and kept for `job list --all` and its exit status. The allocation (slots,
-pid, the process's start time, the run id) is written before a process is spawned and
-completed after, so a restarted daemon can tell which processes are its own.
+that ended is DONE and kept for `job list --all` and its exit status, or CANCELED when it was
+removed from the queue before it started (no exit status). `store/states.py` holds the
+transitions allowed between them; a change that breaks them raises StateError. The
+allocation (slots, pid, the process's start time, the run id) is written before a process is
+spawned and completed after, so a restarted daemon can tell which processes are its own.
 
 Every user can read the database: nothing secret goes in it. The `token` and `env` columns
 are left from det-local versions that kept a trial's token and a command's environment here;
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from det_local.errors import NotFoundError
+from det_local.store.states import JobState, check_job_transition, job_sources
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -68,9 +71,11 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 """
 
-QUEUED = "QUEUED"
-SCHEDULED = "SCHEDULED"
-DONE = "DONE"
+QUEUED = JobState.QUEUED.value
+SCHEDULED = JobState.SCHEDULED.value
+DONE = JobState.DONE.value
+CANCELED = JobState.CANCELED.value
+ENDED = (DONE, CANCELED)
 
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
@@ -257,6 +262,20 @@ class JobTable:
             return
         self._changed(self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall())
 
+    def _move(self, job_id: int, new: JobState, sets: str, args: Sequence[Any]) -> None:
+        """Change a job's state (and the columns ``sets`` names) as the transition table
+        allows: StateError (NotFoundError) when the job is in no state it may leave for
+        ``new`` (does not exist). The check is the UPDATE's own WHERE clause: no extra read."""
+        sources = sorted(s.value for s in job_sources(new))
+        rows = self.conn.execute(
+            f"UPDATE jobs SET state=?, {sets} WHERE id=?"
+            f" AND state IN ({','.join('?' * len(sources))}) RETURNING {_ACTIVE_COLS}",
+            (new.value, *args, job_id, *sources),
+        ).fetchall()
+        if not rows:
+            check_job_transition(job_id, self.get(job_id).state, new)
+        self._changed(rows)
+
     def create(
         self,
         *,
@@ -343,28 +362,42 @@ class JobTable:
 
     # -- state changes --------------------------------------------------------------------
     def requeue(self, job_id: int, *, priority: int | None = None) -> None:
-        self._update(
-            "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL,"
-            " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL, preempt_acked=0"
-            " WHERE id=?",
-            (QUEUED, priority, job_id),
+        self._move(
+            job_id,
+            JobState.QUEUED,
+            "slots='[]', pid=NULL, pid_start=NULL, priority=COALESCE(?, priority),"
+            " ended_at=NULL, exit_code=NULL, preempt_acked=0",
+            (priority,),
         )
 
     def allocate(self, job_id: int, slots: Iterable[int], run_id: int) -> None:
         """Durable before acting: the allocation is recorded before the process is spawned."""
-        self._update(
-            "UPDATE jobs SET state=?, slots=?, run_id=?, started_at=?, pid=NULL,"
-            " pid_start=NULL, preempt_acked=0 WHERE id=?",
-            (SCHEDULED, json.dumps(list(slots)), run_id, time.time(), job_id),
+        self._move(
+            job_id,
+            JobState.SCHEDULED,
+            "slots=?, run_id=?, started_at=?, pid=NULL, pid_start=NULL, preempt_acked=0",
+            (json.dumps(list(slots)), run_id, time.time()),
         )
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
         self._update("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
 
     def finish(self, job_id: int, exit_code: int | None, message: str | None = None) -> None:
-        self._update(
-            "UPDATE jobs SET state=?, slots='[]', ended_at=?, exit_code=?, message=? WHERE id=?",
-            (DONE, time.time(), exit_code, message, job_id),
+        """The job ended: its process exited (exit_code), or it could not start."""
+        self._move(
+            job_id,
+            JobState.DONE,
+            "slots='[]', ended_at=?, exit_code=?, message=?",
+            (time.time(), exit_code, message),
+        )
+
+    def cancel(self, job_id: int, message: str) -> None:
+        """A queued job removed from the queue on request: it never started."""
+        self._move(
+            job_id,
+            JobState.CANCELED,
+            "slots='[]', ended_at=?, exit_code=NULL, message=?",
+            (time.time(), message),
         )
 
     def set_preempt_acked(self, job_id: int) -> None:
@@ -381,9 +414,9 @@ class JobTable:
         job = self.get(job_id)
         op, order = ("<", "DESC") if ahead else (">", "ASC")
         r = self.conn.execute(
-            f"SELECT position FROM jobs WHERE state != ? AND position {op} ? "
+            f"SELECT position FROM jobs WHERE {_ACTIVE} AND position {op} ? "
             f"ORDER BY position {order} LIMIT 1",
-            (DONE, job.position),
+            (job.position,),
         ).fetchone()
         if r is None:
             return job.position - 1 if ahead else job.position + 1
