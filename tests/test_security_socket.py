@@ -84,7 +84,19 @@ def _start_trial(sh: Shared, user: str, name: str, searcher: dict[str, Any]) -> 
             store.close()
         return jobs and jobs[0].pid and jobs[0]
 
-    pid = int(wait_for(job, what=f"{user}'s trial to start").pid)
+    wrapper = int(wait_for(job, what=f"{user}'s trial to start").pid)
+    uid = pwd.getpwnam(user).pw_uid
+
+    def trial_pid() -> int | None:
+        # the job's recorded pid is its wrapper (root's, under a root daemon): the trial is
+        # the wrapper's descendant running as the user
+        try:
+            kids = psutil.Process(wrapper).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return None
+        return next((k.pid for k in kids if k.uids().real == uid), None)
+
+    pid = int(wait_for(trial_pid, what=f"{user}'s trial process"))
 
     def environ() -> dict[str, str] | None:
         raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
@@ -92,7 +104,7 @@ def _start_trial(sh: Shared, user: str, name: str, searcher: dict[str, Any]) -> 
         return env if "DET_LOCAL_TOKEN" in env else None
 
     env = wait_for(environ, what=f"{user}'s trial environment")
-    assert Path(f"/proc/{pid}").stat().st_uid == pwd.getpwnam(user).pw_uid
+    assert Path(f"/proc/{pid}").stat().st_uid == uid
     return {"env": env, "exp": exp, "trial": int(env["DET_TRIAL_ID"]), "pid": pid}
 
 
