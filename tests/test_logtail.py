@@ -94,6 +94,16 @@ def test_last_applies_only_to_what_exists_at_the_first_pump(tmp_path: Path) -> N
     assert out.text == b"a\nb\n"
 
 
+def test_start_offset_skips_what_was_shown(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.write_bytes(b"shown before\n")
+    tail, out = LogTail(log, start=len(b"shown before\n")), _Out()
+    assert tail.pump(out.write) is False
+    _append(log, b"new\n")
+    tail.pump(out.write)
+    assert out.text == b"new\n"
+
+
 def test_truncated_file_is_read_again_from_its_start(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.write_bytes(b"first run, a long line\n")

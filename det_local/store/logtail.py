@@ -10,7 +10,8 @@ prints.
   whole lines are written and a trailing partial line is held back until its newline arrives
   (`rest()` hands it over at the end); with a ``prefix`` only the lines that start with it.
   ``last=N`` starts with only the last N (matching) lines of what the file holds at the first
-  pump (a file that does not exist then is read from its start once it appears).
+  pump (a file that does not exist then is read from its start once it appears); ``start``
+  starts at that offset instead (what an earlier follower showed already).
 - `follow` / `follow_async` are the poll loop: pump until the writer is done, then pump once
   more, so that what was written before the writer's end was seen is printed too. `done()` is
   asked only when a pump found nothing new. Idle, the loop waits `poll` seconds, doubling up to
@@ -44,11 +45,12 @@ class LogTail:
         lines: bool = True,
         prefix: bytes | None = None,
         last: int | None = None,
+        start: int = 0,
     ) -> None:
         self.path = Path(path)
         self.lines = lines
         self.prefix = prefix
-        self.offset = 0
+        self.offset = start  # where the next pump reads from
         self._last = last  # applies at the first pump only
         self._pending = b""
 
