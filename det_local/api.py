@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from det_local.store.db import Store
 from det_local.store.paths import Paths
+from det_local.store.states import State
 
 if TYPE_CHECKING:
     from det_local.sched.testmode import TestReport
@@ -84,34 +85,72 @@ def control_job(op: str, payload: dict[str, object]) -> Any:
 
 def follow_command(job_id: int, poll: float = 0.05, p: Paths | None = None) -> int:
     """Stream a command's output until it ends; returns its exit status (1 if unknown)."""
+    import codecs
     import sys
-    import time
 
     from det_local.store.jobs import ENDED
+    from det_local.store.logtail import LogTail, follow
 
     p = p or paths()
-    log = p.command_log(job_id)
-    offset = 0
-    while True:
+    tail = LogTail(p.command_log(job_id), lines=False)  # partial lines too: prompts, progress
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+    job = None
+
+    def write(data: bytes) -> None:
+        sys.stdout.write(text.decode(data))
+        sys.stdout.flush()
+
+    def done() -> bool:
+        nonlocal job
         store = open_store(p)
         try:
             job = store.jobs.get(job_id)
         finally:
             store.close()
-        try:
-            with open(log, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
-        if data:
-            offset += len(data)
-            sys.stdout.write(data.decode("utf-8", "replace"))
-            sys.stdout.flush()
-        if job.state in ENDED and not data:
-            return command_exit_status(job)
-        if not data:
-            time.sleep(poll)
+        return job.state in ENDED
+
+    follow(lambda: tail.pump(write), done, poll=poll)
+    write(b"")
+    assert job is not None
+    return command_exit_status(job)
+
+
+def trial_logs(
+    trial_id: int,
+    out: IO[bytes],
+    *,
+    follow: bool = False,
+    rank: int | None = None,
+    tail: int | None = None,
+) -> None:
+    """Write a trial's output to `out`: every run and rank (rank N's lines start with
+    `[rank=N] `), or only rank `rank`'s; with `tail`, only the last N of those lines. With
+    `follow`, keep writing new lines until the trial is PAUSED or has ended (its state is
+    re-read from the store whenever no new output has come), then what is left."""
+    from det_local.store.logtail import LogTail
+    from det_local.store.logtail import follow as follow_until
+
+    store = open_store()
+    trial = store.get_trial(trial_id)
+    prefix = None if rank is None else f"[rank={rank}] ".encode()
+    log = LogTail(paths().trial_log(trial.experiment_id, trial_id), prefix=prefix, last=tail)
+
+    def pump() -> bool:
+        if log.pump(out.write):
+            out.flush()
+            return True
+        return False
+
+    def done() -> bool:
+        state = store.get_trial(trial_id).state
+        return state.terminal or state is State.PAUSED
+
+    if follow:
+        follow_until(pump, done, poll=0.02, max_poll=0.1)
+    else:
+        log.pump(out.write)
+    out.write(log.rest())
+    out.flush()
 
 
 def command_exit_status(job: Any) -> int:

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,9 @@ import psutil
 import pytest
 import yaml
 
+from det_local import api
+from det_local.errors import DetLocalError
+from det_local.sched import spool
 from det_local.store.db import Store
 from det_local.store.paths import Paths
 
@@ -74,6 +81,31 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def one_line_error(r: Any, *fragments: str) -> None:
+    """A CLI that failed with one line on stderr, `error: ...`, holding every fragment."""
+    assert r.rc != 0, r
+    assert "Traceback" not in r.err, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r
+    for f in fragments:
+        assert f in lines[0], (f, r)
+
+
+def steps(dl: Env, trial_id: int, group: str = "training") -> list[int]:
+    """The steps_completed of a trial's recorded metrics of `group`, in order."""
+    return [m.steps_completed for m in dl.metrics(trial_id, group)]
+
+
+def write_raw_request(dl: Env, body: bytes) -> str:
+    """A request file with these bytes in `dl`'s spool, written as the CLI writes one
+    (atomically: a hidden temporary file renamed into place); returns its request id."""
+    req_id = f"{time.time_ns():020d}-{os.getpid()}-raw{len(body):05d}"
+    tmp = dl.paths.queue / f".{req_id}.tmp"
+    tmp.write_bytes(body)
+    os.rename(tmp, dl.paths.queue / f"{req_id}{spool.SUFFIX}")
+    return req_id
 
 
 @dataclass
@@ -360,6 +392,16 @@ class _closing:
         self.store.close()
 
 
+@pytest.fixture
+def storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For in-process trainers: run in a small working directory (checkpoints copy it to
+    code/); checkpoints go to the returned directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return tmp_path / "checkpoints"
+
+
 @pytest.fixture(autouse=True)
 def det_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh DET_LOCAL_HOME for every test (also seen by in-process code)."""
@@ -443,3 +485,183 @@ def kill_home_processes(home: Path) -> list[int]:
 
         remove_home(home)
     return victims
+
+
+# ---------------------------------------------------------------------------- real Unix users
+# System mode: one daemon, run as root, on a shared DET_LOCAL_HOME, used by several real Unix
+# users (created with useradd by the `accounts` fixture, removed at the end even on failure).
+# The interpreter lives under /root (mode 700), so the other users cannot start Python: a user's
+# client actions run in a forked child of the test process (`Shared.as_user`) that has imported
+# det-local first and then setgid/setuid's to that user, so the files it writes (spool requests)
+# are really that user's, as the kernel sees them. Jobs that run as those users use programs
+# anyone can run (sh, id, sleep), writing into a world-writable directory.
+
+
+def _import_before_dropping_root() -> None:
+    """Everything the children need is imported before they drop root (they cannot read
+    /root): the modules det-local's client calls import lazily, and ctypes (inotify)."""
+    import det_local.cli.job
+    import det_local.config
+    import det_local.sched.control
+    import det_local.sched.daemon
+    import det_local.sched.embedded
+    import det_local.sched.engine
+    import det_local.sched.inotify  # noqa: F401  (ctypes: unreadable for the test users)
+
+
+# DET_LOCAL_TEST_USERS: a prefix of the accounts' names, so that two checkouts' suites running at
+# once on one machine do not remove each other's users
+_PREFIX = os.environ.get("DET_LOCAL_TEST_USERS", "dltest")
+A, B, ADMIN = f"{_PREFIX}_a", f"{_PREFIX}_b", f"{_PREFIX}_admin"
+ADMIN_GROUP = f"{_PREFIX}-admin-grp"
+
+
+def _quiet(*argv: str) -> None:
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _remove_accounts() -> None:
+    for user in (A, B, ADMIN):
+        _quiet("userdel", "-f", user)
+    _quiet("groupdel", ADMIN_GROUP)
+
+
+@pytest.fixture(scope="module")
+def accounts() -> Iterator[None]:
+    _remove_accounts()  # left over by a run that was killed
+    try:
+        subprocess.run(["groupadd", ADMIN_GROUP], check=True)
+        for user in (A, B, ADMIN):
+            subprocess.run(
+                ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", user],
+                check=True,
+                capture_output=True,
+            )
+        subprocess.run(["usermod", "-a", "-G", ADMIN_GROUP, ADMIN], check=True)
+        yield
+    finally:
+        _remove_accounts()
+
+
+@dataclass
+class Shared:
+    """The shared home, a world-writable directory for the jobs' output, and the root CLI."""
+
+    dl: Env
+    home: Path
+    out: Path
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.home)
+
+    def as_user(self, user: str | None, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) in a forked child running as `user` (None: stay root), in `out`.
+        Returns its value; a DetLocalError in the child is raised here with its message."""
+        _import_before_dropping_root()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                os.close(r)
+                os.environ["DET_LOCAL_HOME"] = str(self.home)
+                os.chdir(self.out)
+                if user is not None:
+                    pw = pwd.getpwnam(user)
+                    os.setgroups(os.getgrouplist(user, pw.pw_gid))
+                    os.setgid(pw.pw_gid)
+                    os.setuid(pw.pw_uid)
+                try:
+                    result: list[Any] = ["ok", fn(*args)]
+                except DetLocalError as err:
+                    result = ["error", str(err)]
+                except BaseException:
+                    result = ["crash", traceback.format_exc()]
+                data = json.dumps(result, default=str).encode()
+                while data:
+                    data = data[os.write(w, data) :]
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        kind, value = json.loads(data)
+        if kind == "error":
+            raise DetLocalError(value)
+        assert kind == "ok", value
+        return value
+
+    def cmd(self, user: str | None, script: str, **fields: Any) -> int:
+        payload = {
+            "argv": ["sh", "-c", script],
+            "cwd": str(self.out),
+            "env": {"PATH": "/usr/bin:/bin", "DET_LOCAL_HOME": str(self.home)},
+            "slots": 1,
+            "priority": 42,
+            "name": None,
+            **fields,
+        }
+        return int(self.as_user(user, api.control_job, "cmd_run", payload))
+
+    def held(self, user: str | None, name: str) -> int:
+        gate = self.out / f"gate-{name}"
+        return self.cmd(
+            user,
+            f"echo {name} >> order; while [ ! -e {gate} ]; do sleep 0.02; done",
+            name=name,
+        )
+
+    def release(self, name: str) -> None:
+        (self.out / f"gate-{name}").touch()
+
+    def order(self) -> list[str]:
+        path = self.out / "order"
+        return path.read_text().split() if path.exists() else []
+
+    def job(self, job_id: int) -> Any:
+        store = api.open_store(self.paths)
+        try:
+            return store.jobs.get(job_id)
+        finally:
+            store.close()
+
+    def pid(self, job_id: int) -> int:
+        return int(wait_for(lambda: self.job(job_id).pid, what=f"job {job_id}'s pid"))
+
+    def wait_job(self, job_id: int, state: str = "DONE") -> Any:
+        return wait_for(
+            lambda: (j := self.job(job_id)).state == state and j, what=f"job {job_id} {state}"
+        )
+
+
+@pytest.fixture
+def shared(dl: Env, accounts: None) -> Iterator[Shared]:
+    """A root daemon on a home every user can reach, with admin_group set."""
+    base = Path(tempfile.mkdtemp(prefix="det-local-mu-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    out = base / "out"
+    out.mkdir()
+    os.chmod(out, 0o1777)
+    (out / "order").touch()  # every user's jobs append to it
+    os.chmod(out / "order", 0o666)
+    home = base / "home"
+    dl.home = home
+    dl.env["DET_LOCAL_HOME"] = str(home)
+    try:
+        dl.daemon_start(
+            {"admin_group": ADMIN_GROUP, "scheduler": {"preemption_timeout": 1}},
+            DET_LOCAL_FAKE_GPUS="0",
+            DET_LOCAL_CPU_SLOTS="2",
+        )
+        yield Shared(dl, home, out)
+    finally:
+        kill_home_processes(home)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _submit_raw(config: dict[str, Any], context: str) -> Any:
+    """A submission written by hand (no client-side checks), answered by the daemon."""
+    p = api.paths()
+    payload = {"config": config, "context": context, "source": "raw"}
+    return spool.request(p, "submit", payload, timeout=30)

@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 import pytest
 from conftest import Env, gone
+from conftest import write_raw_request as _submit_raw
 
 from det_local.config import load_config, load_yaml, parse_config
 from det_local.config.limits import MAX_CONFIG_BYTES, MAX_DEPTH
@@ -128,15 +129,6 @@ def test_config_check_refuses_the_bombs_with_one_line(dl: Env) -> None:
 
 
 # ---------------------------------------------------------------------- through the daemon
-def _submit_raw(dl: Env, body: bytes) -> str:
-    """A request written as the CLI writes one, with a body crafted by hand."""
-    req_id = f"{time.time_ns():020d}-{os.getpid()}-bomb"
-    tmp = dl.paths.queue / f".{req_id}.tmp"
-    tmp.write_bytes(body)
-    os.rename(tmp, dl.paths.queue / f"{req_id}.req")
-    return req_id
-
-
 def test_a_daemon_refuses_config_bombs_in_requests(dl: Env) -> None:
     pid = dl.daemon_start(**CPU1)
     _, ctx = dl.context("print('never runs')\n")

@@ -20,15 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Env, gone, kill_home_processes, wait_for
-from test_multiuser import (  # noqa: F401  (fixtures)
-    A,
-    B,
-    Shared,
-    _submit_raw,
-    accounts,
-    shared,
-)
+from conftest import A, B, Env, Shared, _submit_raw, gone, kill_home_processes, wait_for
 
 from det_local import api
 from det_local.sched import cgroups, executor

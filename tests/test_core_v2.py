@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import COMPAT, REPO, Env, gone, wait_for
-from test_multiuser import A, B, Shared, accounts, shared  # noqa: F401  (system-mode fixtures)
+from conftest import COMPAT, REPO, A, B, Env, Shared, gone, wait_for
 
 import det_local.rpc  # noqa: F401  (imported before the system-mode children drop root)
 import det_local.trial.session  # noqa: F401

@@ -19,7 +19,8 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import Env, gone, wait_for
+from conftest import Env, gone, one_line_error, wait_for
+from conftest import write_raw_request as _write_raw
 
 from det_local.errors import DetLocalError
 from det_local.sched import spool
@@ -27,15 +28,6 @@ from det_local.store.db import Store
 from det_local.store.states import State
 
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
-
-
-def one_line_error(r: Any, *fragments: str) -> None:
-    assert r.rc != 0, r
-    assert "Traceback" not in r.err, r
-    lines = r.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r
-    for f in fragments:
-        assert f in lines[0], (f, r)
 
 
 def daemon_running(dl: Env) -> bool:
@@ -248,15 +240,6 @@ def test_cmd_run_without_a_daemon_waits_for_one(dl: Env) -> None:
     dl.daemon_start(**CPU1)
     assert dl.wait_job(job).exit_code == 0
     assert dl.det("cmd", "logs", job).out == "later\n"
-
-
-def _write_raw(dl: Env, body: bytes) -> str:
-    """A request file with these bytes, written as the CLI writes one (atomically)."""
-    req_id = f"{time.time_ns():020d}-{os.getpid()}-raw{len(body):05d}"
-    tmp = dl.paths.queue / f".{req_id}.tmp"
-    tmp.write_bytes(body)
-    os.rename(tmp, dl.paths.queue / f"{req_id}{spool.SUFFIX}")
-    return req_id
 
 
 def _me() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import COMPAT, REPO, Env, wait_for
+from conftest import COMPAT, REPO, Env, steps, wait_for
 
 from det_local.store.states import State
 
@@ -61,10 +61,6 @@ def context(dl: Env, cfg: dict[str, Any]) -> tuple[Path, Path]:
 def records(dl: Env) -> list[dict[str, Any]]:
     path = dl.tmp / "record.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def steps(dl: Env, trial_id: int, group: str) -> list[int]:
-    return [m.steps_completed for m in dl.metrics(trial_id, group)]
 
 
 def test_legacy_deepspeed_trial_pauses_and_resumes(dl: Env) -> None:

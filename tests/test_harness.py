@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import COMPAT, Env, wait_for
+from conftest import COMPAT, Env, steps, wait_for
 
 from det_local.errors import ConfigError
 from det_local.sched.plan import check_entrypoint, entrypoint_argv
@@ -100,10 +100,6 @@ def config(max_length: Any, entrypoint: str = "model_def:OneVarTrial", **fields:
 
 def legacy_context(dl: Env, cfg: dict[str, Any], name: str = "ctx") -> tuple[Path, Path]:
     return dl.context("", cfg, name=name, files={"model_def.py": MODEL_DEF})
-
-
-def steps(dl: Env, trial_id: int, group: str) -> list[int]:
-    return [m.steps_completed for m in dl.metrics(trial_id, group)]
 
 
 def checkpoint_steps(dl: Env, trial_id: int) -> list[int]:

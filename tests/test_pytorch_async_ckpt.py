@@ -113,14 +113,6 @@ class AdamTrial(pytorch.PyTorchTrial):
         return {"events": Events(self.log)}
 
 
-@pytest.fixture
-def storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return tmp_path / "checkpoints"
-
-
 def fit(
     storage: Path, seed: int = 0, trial_kwargs: dict[str, Any] | None = None, **fit_kwargs: Any
 ) -> tuple[AdamTrial, pytorch.Trainer]:

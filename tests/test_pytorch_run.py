@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import COMPAT, Env, wait_for
+from conftest import COMPAT, Env, steps, wait_for
 
 from det_local.store.states import State
 
@@ -104,10 +104,6 @@ def config(name: str, max_length: Any, **hparams: Any) -> dict[str, Any]:
         "reproducibility": {"experiment_seed": 42},
         "max_restarts": 0,
     }
-
-
-def steps(dl: Env, trial_id: int, group: str) -> list[int]:
-    return [m.steps_completed for m in dl.metrics(trial_id, group)]
 
 
 def final_state(dl: Env, trial_id: int) -> dict[str, Any]:

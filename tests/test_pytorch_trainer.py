@@ -161,15 +161,6 @@ class Recorder:
         train.report_progress = self.progress.append
 
 
-@pytest.fixture
-def storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Run in a small working directory (checkpoints copy it to code/); checkpoints go here."""
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return tmp_path / "checkpoints"
-
-
 def fit(
     trial_cls: type,
     storage: Path,

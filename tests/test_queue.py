@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import Env, gone, wait_for
+from conftest import Env, gone, one_line_error, steps, wait_for
 
 from det_local.sched.slots import fake_uuid
 from det_local.store.db import current_user
@@ -25,15 +25,6 @@ from det_local.store.states import State
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
 GPU4 = {"DET_LOCAL_FAKE_GPUS": "4"}
 ME = current_user()
-
-
-def one_line_error(r: Any, *fragments: str) -> None:
-    assert r.rc != 0, r
-    assert "Traceback" not in r.err, r
-    lines = r.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r
-    for f in fragments:
-        assert f in lines[0], (f, r)
 
 
 def states(dl: Env) -> dict[int, str]:
@@ -55,10 +46,6 @@ def scheduled_slots(dl: Env) -> list[int]:
 
 def trial_job(dl: Env, trial_id: int) -> Any:
     return next(j for j in dl.jobs() if j.trial_id == trial_id)
-
-
-def steps(dl: Env, trial_id: int) -> list[int]:
-    return [m.steps_completed for m in dl.metrics(trial_id, "training")]
 
 
 # ---------------------------------------------------------------------------- slots

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import Env, gone, wait_for
+from conftest import Env, gone, steps, wait_for
 
 from det_local.sched import spool
 from det_local.store.states import State
@@ -142,10 +142,6 @@ def runs(out: Path) -> list[tuple[int, int]]:
     return [
         (int(r), int(s)) for r, s, _pid in (line.split() for line in path.read_text().splitlines())
     ]
-
-
-def steps(dl: Env, trial_id: int) -> list[int]:
-    return [m.steps_completed for m in dl.metrics(trial_id, "training")]
 
 
 def wait_steps(dl: Env, trial_id: int, n: int) -> None:

@@ -27,8 +27,7 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import Env, wait_for
-from test_multiuser import ADMIN, ADMIN_GROUP, A, B, Shared, accounts, shared  # noqa: F401
+from conftest import ADMIN, ADMIN_GROUP, A, B, Env, Shared, wait_for
 
 # imported before the multi-user children drop root (they cannot read the interpreter's files)
 import det_local.cli.cmd

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Env, wait_for
-from test_multiuser import A, B, Shared, accounts, shared  # noqa: F401
+from conftest import A, B, Env, Shared, wait_for
 
 import det_local.cli.cmd
 import det_local.cli.job

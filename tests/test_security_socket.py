@@ -33,16 +33,7 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
-from conftest import wait_for
-from test_multiuser import (  # noqa: F401  (the fixtures, by name)
-    ADMIN,
-    A,
-    B,
-    Shared,
-    _submit_raw,
-    accounts,
-    shared,
-)
+from conftest import ADMIN, A, B, Shared, _submit_raw, wait_for
 
 # everything the children use is imported before they drop root (they cannot read /root)
 import det_local.trial.core._distributed

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from test_multiuser are parameters here)
 """The spool of a root daemon against a hostile user (real users, a real root daemon):
 request files swapped for a FIFO or a symlink while the daemon looks at them, and a flood of
 tens of thousands of requests from one user while another waits for an answer."""
@@ -14,8 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import gone, wait_for
-from test_multiuser import A, B, Shared, accounts, shared  # noqa: F401
+from conftest import A, B, Shared, gone, wait_for
 
 from det_local import api
 from det_local.errors import DetLocalError

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterable
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -25,10 +23,6 @@ app = typer.Typer(
 
 TRAINING = "training"
 VALIDATION = "validation"
-
-_BLOCK = 1 << 16
-_POLL_MIN_S = 0.02
-_POLL_MAX_S = 0.1
 
 
 # ---------------------------------------------------------------------------- shared formatting
@@ -191,19 +185,11 @@ def logs(
     ] = None,
 ) -> None:
     """Print a trial's output: every run and rank (rank N's lines start with [rank=N])."""
-    from det_local.api import open_store, paths
+    from det_local import api
 
-    store = open_store()
-    trial = store.get_trial(trial_id)
-    path = paths().trial_log(trial.experiment_id, trial_id)
-    prefix = None if rank is None else f"[rank={rank}] ".encode()
     out = sys.stdout.buffer
     try:
-        if follow:
-            _follow(store, trial_id, path, _LineFilter(prefix), tail, out)
-        else:
-            _print_once(path, _LineFilter(prefix), tail, out)
-        out.flush()
+        api.trial_logs(trial_id, out, follow=follow, rank=rank, tail=tail)
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a follow quietly
     except BrokenPipeError:
@@ -214,125 +200,3 @@ def logs(
             os.dup2(devnull, sys.stdout.fileno())
         except (OSError, ValueError):
             pass
-
-
-class _LineFilter:
-    """Passes whole lines through (those starting with `prefix` when one is set) and holds
-    back a trailing partial line until its end arrives (or flush())."""
-
-    def __init__(self, prefix: bytes | None) -> None:
-        self.prefix = prefix
-        self.pending = b""
-
-    def feed(self, data: bytes) -> bytes:
-        data = self.pending + data
-        cut = data.rfind(b"\n") + 1
-        self.pending = data[cut:]
-        return self._keep(data[:cut])
-
-    def flush(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return self._keep(rest)
-
-    def _keep(self, chunk: bytes) -> bytes:
-        if self.prefix is None or not chunk:
-            return chunk
-        return b"".join(ln for ln in chunk.splitlines(keepends=True) if ln.startswith(self.prefix))
-
-
-def _tail_start(f: IO[bytes], end: int, n: int, prefix: bytes | None) -> int:
-    """The offset of the first of the last `n` lines of f[:end] (lines starting with
-    `prefix` when one is set), reading backwards block by block; 0 when there are fewer."""
-    if n <= 0:
-        return end
-    need = len(prefix) if prefix else 0
-    count = 0
-    pos = end
-    head = b""  # the first bytes of what has been scanned so far (from `pos` on)
-    while pos > 0:
-        step = min(_BLOCK, pos)
-        pos -= step
-        f.seek(pos)
-        data = f.read(step) + head
-        i = step
-        while (j := data.rfind(b"\n", 0, i)) >= 0:
-            i = j
-            start = pos + j + 1
-            if start >= end:  # the file's final newline starts no line
-                continue
-            if prefix is None or data[j + 1 : j + 1 + need] == prefix:
-                count += 1
-                if count == n:
-                    return start
-        head = data[: max(need, 1)]
-    return 0
-
-
-def _copy(f: IO[bytes], filt: _LineFilter, out: IO[bytes]) -> bool:
-    """Copies what f holds now; returns whether anything was read."""
-    got = False
-    while data := f.read(_BLOCK):
-        got = True
-        if kept := filt.feed(data):
-            out.write(kept)
-    return got
-
-
-def _open_at(path: Path, tail: int | None, prefix: bytes | None) -> IO[bytes] | None:
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - kept open across polls; closed by the caller
-    except FileNotFoundError:
-        return None
-    if tail is not None:
-        f.seek(_tail_start(f, os.fstat(f.fileno()).st_size, tail, prefix))
-    return f
-
-
-def _print_once(path: Path, filt: _LineFilter, tail: int | None, out: IO[bytes]) -> None:
-    f = _open_at(path, tail, filt.prefix)
-    if f is None:
-        return  # the trial has not written anything yet
-    with f:
-        _copy(f, filt, out)
-    out.write(filt.flush())
-
-
-def _follow(
-    store: Store,
-    trial_id: int,
-    path: Path,
-    filt: _LineFilter,
-    tail: int | None,
-    out: IO[bytes],
-) -> None:
-    """Print new lines as they arrive until the trial is PAUSED or finished (its state is
-    re-read from the store on every idle poll), then print what is left and return."""
-    from det_local.store.states import State
-
-    f = _open_at(path, tail, filt.prefix)  # --tail applies to what exists now
-    delay = _POLL_MIN_S
-    try:
-        while True:
-            if f is None:
-                f = _open_at(path, None, None)
-            if f is not None:
-                if os.fstat(f.fileno()).st_size < f.tell():  # truncated: start again
-                    f.seek(0)
-                if _copy(f, filt, out):
-                    out.flush()
-                    delay = _POLL_MIN_S
-                    continue
-            state = store.get_trial(trial_id).state
-            if state.terminal or state is State.PAUSED:
-                # Lines written before the state changed are in the file by now: drain them.
-                if f is None:
-                    f = _open_at(path, None, None)
-                if f is not None:
-                    _copy(f, filt, out)
-                out.write(filt.flush())
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
-    finally:
-        if f is not None:
-            f.close()

@@ -12,12 +12,12 @@ last newline), so the two never share a line.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 from typing import IO, Any
 
 from det_local.store.db import Store
+from det_local.store.logtail import LogTail, follow_async
 from det_local.store.paths import Paths
 from det_local.store.states import State
 
@@ -41,7 +41,7 @@ class Follower:
         self.experiment_id = experiment_id
         self.out = out
         self.offsets: dict[int, int] = dict(offsets or {})
-        self.partial: dict[int, bytes] = {}
+        self.tails: dict[int, LogTail] = {}
         self._stop = False
         self._search: SearchProgress | None = None
         self._search_checked = False
@@ -49,10 +49,12 @@ class Follower:
     def stop(self) -> None:
         self._stop = True
 
-    def pump(self) -> None:
+    def pump(self) -> bool:
+        """Prints what is new; returns whether any trial output was read."""
         trials = self.store.list_trials(self.experiment_id)
-        self._pump_logs(trials)
+        got = self._pump_logs(trials)
         self._pump_progress(trials)
+        return got
 
     def _pump_progress(self, trials: list[Any]) -> None:
         if self.out is None:
@@ -69,32 +71,28 @@ class Follower:
             self.out.write(line + "\n")
             self.out.flush()
 
-    def _pump_logs(self, trials: list[Any]) -> None:
+    def _pump_logs(self, trials: list[Any]) -> bool:
+        out = self.out
+        if out is None:  # --quiet: nothing to read either
+            return False
         many = len(trials) > 1
+        got = False
         for t in trials:
-            path = self.paths.trial_log(self.experiment_id, t.id)
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                continue
-            start = self.offsets.get(t.id, 0)
-            if size <= start:
-                continue
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = self.partial.pop(t.id, b"") + f.read(size - start)
-            self.offsets[t.id] = size
-            cut = data.rfind(b"\n") + 1
-            if cut < len(data):
-                self.partial[t.id] = data[cut:]
-            data = data[:cut]
-            if not data or self.out is None:
-                continue
-            text = data.decode("utf-8", "replace")
-            if many:
-                text = "".join(f"[trial {t.id}] {line}\n" for line in text.splitlines())
-            self.out.write(text)
-            self.out.flush()
+            tail = self.tails.get(t.id)
+            if tail is None:
+                path = self.paths.trial_log(self.experiment_id, t.id)
+                tail = self.tails[t.id] = LogTail(path, start=self.offsets.get(t.id, 0))
+
+            def write(data: bytes, trial_id: int = t.id) -> None:
+                text = data.decode("utf-8", "replace")
+                if many:
+                    text = "".join(f"[trial {trial_id}] {line}\n" for line in text.splitlines())
+                out.write(text)
+
+            if tail.pump(write):
+                got = True
+                out.flush()
+        return got
 
     def _finished(self) -> bool:
         rec = self.store.get_experiment(self.experiment_id)
@@ -105,15 +103,14 @@ class Follower:
         return False
 
     async def run(self, poll: float = 0.05, until_stopped: bool = False) -> None:
-        while True:
-            self.pump()
-            if self._stop or (until_stopped and self._finished()):
-                break
-            await asyncio.sleep(poll)
-        self.pump()
+        """Prints until stop() (or, with until_stopped, until the experiment ends or pauses),
+        then what is left, partial last lines included."""
+        await follow_async(
+            self.pump, lambda: self._stop or (until_stopped and self._finished()), poll=poll
+        )
         if self.out is not None:
-            for rest in self.partial.values():
-                if rest:
+            for tail in self.tails.values():
+                if rest := tail.rest():
                     self.out.write(rest.decode("utf-8", "replace") + "\n")
             self.out.flush()
 
