@@ -349,7 +349,7 @@ class Federation:
                 asyncio.open_connection(target.host, target.port), DIAL_TIMEOUT_S
             )
             writer = w
-            session, hello = await client_handshake(reader, w, self.me, where)
+            session, hello = await client_handshake(reader, w, self.me, where, self._own_nonces)
             peer_host = w.get_extra_info("peername")[0]
             target.node = hello.node
             refusal = self._refuse_admission(hello, peer_host)

@@ -228,17 +228,31 @@ def hello_msg(me: Me, nc: bytes) -> dict[str, Any]:
 
 
 async def client_handshake(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, me: Me, where: str
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    me: Me,
+    where: str,
+    own_nonces: set[bytes] | None = None,
 ) -> tuple[Session, PeerHello]:
-    """Dial side. Refused (one line) when the server is not of this cluster, or refuses us."""
-    return await asyncio.wait_for(_client_handshake(reader, writer, me, where), HANDSHAKE_TIMEOUT)
+    """Dial side. Refused (one line) when the server is not of this cluster, or refuses us.
+    `own_nonces` holds this node's outstanding nonces while the handshake runs, so that a
+    hello that echoes one of them to this node's listener is refused."""
+    nc = os.urandom(NONCE_BYTES)
+    if own_nonces is not None:
+        own_nonces.add(nc)
+    try:
+        return await asyncio.wait_for(
+            _client_handshake(reader, writer, me, where, nc), HANDSHAKE_TIMEOUT
+        )
+    finally:
+        if own_nonces is not None:
+            own_nonces.discard(nc)
 
 
 async def _client_handshake(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, me: Me, where: str
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, me: Me, where: str, nc: bytes
 ) -> tuple[Session, PeerHello]:
     if True:  # the body of client_handshake, under its deadline
-        nc = os.urandom(NONCE_BYTES)
         writer.write(plain(hello_msg(me, nc)))
         msg = decode(await read_frame(reader, PRE_AUTH_MAX))
         if msg["t"] == "error":
