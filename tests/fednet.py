@@ -100,7 +100,7 @@ class Node:
 
     def start(self, **env: str) -> Node:
         self.env = env or self.env
-        full = cli_env(self.home, DET_LOCAL_NODE_ID=f"n{self.index}", **self.env)
+        full = cli_env(self.home, **{"DET_LOCAL_NODE_ID": f"n{self.index}", **self.env})
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
