@@ -146,3 +146,19 @@ def test_static_peers_one_address_restart_and_duplicate_id(net: Net) -> None:
     rows = n1.peers()
     assert rows["n3"]["address"] == "10.77.0.3:47800" and rows["n3"]["state"] == "alive"
     assert sorted(rows) == ["n1", "n2", "n3"]
+
+
+def test_readme_commands_form_a_cluster(net: Net) -> None:
+    """Two daemons already running with no key: `cluster init` on one, `cluster join` on the
+    other, and `cluster peers` shows both (the running daemons start federating at once)."""
+    n1 = net.node(1).start(**MDNS)
+    n2 = net.node(2).start(**MDNS)
+    assert "federation: off (no cluster key" in n1.cli("daemon", "status").stdout
+    res = n1.cli("cluster", "init")
+    assert res.returncode == 0, res.stderr
+    token = res.stdout.strip().splitlines()[-1]
+    res = n2.cli("cluster", "join", token)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: alive_set(n2) == {"n1"}, timeout=30, what="n2 sees n1")
+    out = n2.cli("cluster", "peers").stdout
+    assert "n1" in out and "alive" in out and "self" in out
