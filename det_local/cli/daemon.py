@@ -17,9 +17,10 @@ def daemon(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from det_local import api
+    from det_local.federate.service import extension as federation
     from det_local.sched.daemon import run_foreground
 
-    raise typer.Exit(run_foreground(api.paths()))
+    raise typer.Exit(run_foreground(api.paths(), extensions=[federation]))
 
 
 @app.command("start")
@@ -48,6 +49,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     from det_local.sched.daemon import status as daemon_status
 
     st = daemon_status(api.paths())
+    if st["running"]:
+        st["federation"] = _federation(api.paths())
     if as_json:
         from det_local.cli.common import print_json
 
@@ -61,6 +64,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
         containment = st.get("containment")
         if isinstance(containment, dict) and containment.get("text"):
             print(f"containment: {containment['text']}")
+        fed = st["federation"]
+        if fed.get("federation") == "on":
+            print(
+                f"federation: on, node {fed['node']}, port {fed['port']}, "
+                f"{fed['live_peers']} live peer(s)"
+            )
+        else:
+            print(f"federation: off ({fed.get('why') or 'unknown'})")
     else:
         print(f"no det-local daemon is running for {st['home']}")
     print(
@@ -69,3 +80,15 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     )
     if not st["running"]:
         raise typer.Exit(3)
+
+
+def _federation(paths: object) -> dict[str, object]:
+    """What the daemon's federation says of itself (its cluster socket), or why not."""
+    from det_local.errors import DetLocalError
+    from det_local.federate.client import request
+
+    try:
+        value = request(paths, {"t": "status"}, timeout=5.0)  # type: ignore[arg-type]
+    except DetLocalError as err:
+        return {"federation": "off", "why": str(err)}
+    return dict(value) if isinstance(value, dict) else {"federation": "off", "why": "no answer"}

@@ -14,12 +14,19 @@ def list_jobs(
     show_all: bool = typer.Option(False, "--all", "-a", help="Include ended jobs."),
     limit: int = typer.Option(None, "--limit", help="Show at most this many."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="Every node's jobs, read through the peers."
+    ),
 ) -> None:
     """#, ID, type, name, priority, submitted, slots acquired/needed, state, user."""
     import time
 
     from det_local import api
     from det_local.cli.common import print_json, table
+
+    if cluster:
+        _cluster_jobs(show_all, as_json)
+        return
 
     jobs = in_queue_order(api.open_store().jobs.list(include_done=show_all), api.paths())
     if limit is not None:
@@ -121,3 +128,33 @@ def update_batch(
         parsed.append({"job_id": int(job), field: int(value)})
     for line in api.control_job("job_update_batch", {"updates": parsed}):
         print(line)
+
+
+def _cluster_jobs(show_all: bool, as_json: bool) -> None:
+    """`job list --cluster`: one block per node; a node that did not answer says why."""
+    from det_local.cli.cluster import cluster_rows
+    from det_local.cli.common import print_json, table
+
+    nodes = cluster_rows("jobs", include_done=show_all)
+    if as_json:
+        print_json(nodes)
+        return
+    rows = []
+    for node in nodes:
+        if "error" in node:
+            rows.append([node["node"], "-", "-", "-", "-", "-", f"({node['error']})", "-"])
+            continue
+        for j in node.get("value") or []:  # type: ignore[attr-defined]
+            rows.append(
+                [
+                    node["node"],
+                    j["id"],
+                    j["kind"],
+                    j["name"],
+                    j["priority"],
+                    f"{len(j['slots'])}/{j['slots_needed']}",
+                    j["state"],
+                    j["user"],
+                ]
+            )
+    print(table(["Node", "ID", "Type", "Name", "Priority", "Slots", "State", "User"], rows))

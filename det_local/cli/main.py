@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from det_local.cli import checkpoint, cmd, config, daemon, experiment, job, trial
+from det_local.cli import checkpoint, cluster, cmd, config, daemon, experiment, job, trial
 from det_local.cli.common import run_cli
 from det_local.cli.run import run_command
 from det_local.cli.slots import slots_command
@@ -31,6 +31,7 @@ app.add_typer(config.app, name="config")
 app.add_typer(job.app, name="job")
 app.add_typer(cmd.app, name="cmd")
 app.add_typer(daemon.app, name="daemon")
+app.add_typer(cluster.app, name="cluster")
 app.command("slots")(slots_command)
 app.add_typer(shell_app, name="shell")
 app.add_typer(notebook_app, name="notebook")

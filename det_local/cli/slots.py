@@ -17,9 +17,15 @@ _NONE: Mapping[int, str] = MappingProxyType({})
 
 def slots_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="Every node's slots, read through the peers."
+    ),
 ) -> None:
     """Show this machine's slots: GPUs from NVML (or CPU slots), memory, utilisation, and who
     uses each one, including processes det-local did not start."""
+    if cluster:
+        _cluster_slots(as_json)
+        return
     from det_local.api import open_store
 
     our_pids: list[int] = []
@@ -92,3 +98,31 @@ def fmt_memory(used: int | None, total: int | None) -> str:
     if total is None:
         return "-"
     return f"{'?' if used is None else used}/{total} MiB"
+
+
+def _cluster_slots(as_json: bool) -> None:
+    """`slots --cluster`: every node's slots through this machine's daemon and its peers."""
+    from det_local.cli.cluster import cluster_rows
+    from det_local.cli.common import print_json, table
+
+    nodes = cluster_rows("slots")
+    if as_json:
+        print_json(nodes)
+        return
+    rows: list[list[Any]] = []
+    for node in nodes:
+        if "error" in node:
+            rows.append([node["node"], "-", "-", "-", "-", f"({node['error']})"])
+            continue
+        for r in node.get("value") or []:  # type: ignore[attr-defined]
+            rows.append(
+                [
+                    node["node"],
+                    r["index"],
+                    r["kind"],
+                    r["name"],
+                    fmt_memory(r.get("memory_used_mb"), r.get("memory_total_mb")),
+                    r.get("used_by") or "",
+                ]
+            )
+    print(table(["Node", "Slot", "Kind", "Name", "Memory", "Used by"], rows))

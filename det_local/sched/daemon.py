@@ -15,12 +15,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.store.paths import Paths
+
+if TYPE_CHECKING:
+    from det_local.sched.extensions import ExtensionFactory
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -69,8 +73,9 @@ def _prepare_home(paths: Paths) -> None:
         os.chmod(d, 0o755)
 
 
-def run_foreground(paths: Paths) -> int:
-    """`det-local daemon`: serve until SIGTERM/SIGINT or `daemon stop`."""
+def run_foreground(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> int:
+    """`det-local daemon`: serve until SIGTERM/SIGINT or `daemon stop`. `extensions` are
+    services run on the engine's loop (federation), handed in by the entry point."""
     from det_local.sched.embedded import EngineLock
 
     _prepare_home(paths)
@@ -88,7 +93,7 @@ def run_foreground(paths: Paths) -> int:
             "(its experiments then go on under the daemon), or use another DET_LOCAL_HOME"
         )
     try:
-        return asyncio.run(_serve(paths))
+        return asyncio.run(_serve(paths, extensions))
     finally:
         try:
             info = read_pid_file(paths)
@@ -99,7 +104,7 @@ def run_foreground(paths: Paths) -> int:
         lock.release()
 
 
-async def _serve(paths: Paths) -> int:
+async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> int:
     from det_local.sched.engine import Engine
 
     def log(line: str) -> None:
@@ -114,6 +119,7 @@ async def _serve(paths: Paths) -> int:
         loop.add_signal_handler(sig, engine.request_stop)
     await engine.start()
     # only now, with the jobs of an earlier daemon adopted or settled: `daemon start` returns
+    services = await _start_extensions(engine, extensions, log)
     _write_pid_file(paths, {"containment": engine.containment.as_dict()})
     log(
         f"det-local: daemon {os.getpid()} serving {paths.home} with "
@@ -123,9 +129,25 @@ async def _serve(paths: Paths) -> int:
     try:
         await engine.serve_forever()
     finally:
+        for service in reversed(services):  # extension seam: before the engine stops
+            await service.stop()
         await engine.stop()
         log("det-local: daemon stopped; running jobs go on and are adopted at the next start")
     return 0
+
+
+async def _start_extensions(
+    engine: Any, factories: Sequence[ExtensionFactory], log: Callable[[str], None]
+) -> list[Any]:
+    """The extension seam: each service gets a read-only view of the engine."""
+    from det_local.sched.extensions import EngineView
+
+    services = []
+    for factory in factories:
+        service = factory(EngineView(engine, log))
+        await service.start()
+        services.append(service)
+    return services
 
 
 def _write_pid_file(paths: Paths, extra: dict[str, Any] | None = None) -> None:

@@ -13,6 +13,7 @@ slots:
 admin_group: det-local-admin   # members may change anyone's jobs (root always may)
 cgroups: auto             # each job in its own cgroup: auto, v2, v1, or false (off); else
                           # DET_LOCAL_CGROUPS decides (same values), else auto
+federation: {port: 47800} # see det_local/federate/settings.py and docs/system-mode.md
 ```
 """
 
@@ -54,7 +55,8 @@ class DaemonSettings:
             raise ConfigError(str(err)) from None
 
 
-_TOP = {"scheduler", "slots", "admin_group", "cgroups"}
+# federation: read and checked by det_local.federate (sched does not import it)
+_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation"}
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 

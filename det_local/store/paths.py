@@ -51,6 +51,25 @@ class Paths:
         return self.home / "run"
 
     @property
+    def cluster_key(self) -> Path:
+        """The federation's shared secret (`det-local cluster init|join`), mode 0600."""
+        return self.home / "cluster.key"
+
+    @property
+    def cluster_left(self) -> Path:
+        """Present after `det-local cluster leave` (key kept): the daemon does not federate."""
+        return self.home / "cluster.left"
+
+    @property
+    def cluster_socket(self) -> Path:
+        """The daemon's federation socket: the cluster view for the CLI on this machine."""
+        path = self.run_dir / "cluster.sock"
+        if len(str(path)) <= _MAX_SOCKET_PATH:
+            return path
+        digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:16]
+        return Path("/tmp") / f"det-local-{digest}-cluster.sock"
+
+    @property
     def pid_file(self) -> Path:
         return self.run_dir / "daemon.pid"
 

@@ -1,0 +1,153 @@
+"""What each message on an authenticated peer link may hold.
+
+Every message is a map with a str `t`; `check(msg)` returns None when it is well formed, else
+one line saying what is wrong. Unknown keys are ignored (a newer peer may add some); unknown
+types, missing fields and values of the wrong type or out of range are refused.
+
+    hb     {free, total, kind, digest{queued, running, top[[priority, slots]...]}}
+    peers  {list: [{node, host, port}...]}       the nodes this peer has a live link to
+    leave  {}                                    a graceful stop: not dead, gone
+    query  {id, what: jobs|slots, all?}          answered by reply{id, value | error}
+    reply  {id, value?, error?}
+    error  {error, id?}                          the answer to a message that was refused
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from det_local.federate.keys import valid_node_id
+
+MAX_SLOTS = 4096
+MAX_PEERS = 256
+Check = Callable[[Any], bool]
+
+
+def _int(lo: int, hi: int) -> Check:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _str(n: int) -> Check:
+    return lambda v: isinstance(v, str) and len(v) <= n
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _digest(v: Any) -> bool:
+    if not isinstance(v, dict):
+        return False
+    if not (_int(0, 10**9)(v.get("queued")) and _int(0, 10**9)(v.get("running"))):
+        return False
+    top = v.get("top")
+    return (
+        isinstance(top, list)
+        and len(top) <= 5
+        and all(
+            isinstance(e, list)
+            and len(e) == 2
+            and _int(-(10**6), 10**6)(e[0])
+            and _int(0, MAX_SLOTS)(e[1])
+            for e in top
+        )
+    )
+
+
+def _peer_list(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) <= MAX_PEERS
+        and all(
+            isinstance(e, dict)
+            and valid_node_id(e.get("node"))
+            and _str(255)(e.get("host"))
+            and bool(e.get("host"))
+            and _int(1, 65535)(e.get("port"))
+            for e in v
+        )
+    )
+
+
+_ID = _int(0, 2**53)
+
+# type -> {field: (check, required)}
+SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
+    "hb": {
+        "free": (_int(0, MAX_SLOTS), True),
+        "total": (_int(0, MAX_SLOTS), True),
+        "kind": (lambda v: v in ("gpu", "cpu"), True),
+        "digest": (_digest, True),
+    },
+    "peers": {"list": (_peer_list, True)},
+    "leave": {},
+    "query": {
+        "id": (_ID, True),
+        "what": (lambda v: v in ("jobs", "slots"), True),
+        "all": (_bool, False),
+    },
+    "reply": {"id": (_ID, True), "error": (_str(1000), False)},
+    "error": {"error": (_str(1000), True), "id": (_ID, False)},
+}
+
+
+def check(msg: dict[str, Any]) -> str | None:
+    kind = msg.get("t")
+    fields = SCHEMAS.get(str(kind))
+    if fields is None:
+        return f"unknown message type '{str(kind)[:40]}'"
+    for name, (ok, required) in fields.items():
+        if name not in msg:
+            if required:
+                return f"'{kind}' message without '{name}'"
+            continue
+        if not ok(msg[name]):
+            return f"'{kind}' message with an invalid '{name}' ({str(msg[name])[:40]!r})"
+    if kind == "hb" and msg["free"] > msg["total"]:
+        return "'hb' message with more free slots than slots"
+    return None
+
+
+_JOB_FIELDS: dict[str, Check] = {
+    "id": _int(0, 2**53),
+    "kind": _str(32),
+    "name": _str(256),
+    "user": _str(64),
+    "priority": _int(-(10**6), 10**6),
+    "slots_needed": _int(0, MAX_SLOTS),
+    "state": _str(32),
+}
+
+
+def check_jobs(value: Any) -> str | None:
+    """A peer's answer to query{what: jobs}: a list of job maps."""
+    if not isinstance(value, list) or len(value) > 10000:
+        return "the job list is not a list"
+    for job in value:
+        if not isinstance(job, dict):
+            return "a job in the list is not a map"
+        for name, ok in _JOB_FIELDS.items():
+            if not ok(job.get(name)):
+                return f"a job with an invalid '{name}'"
+        slots = job.get("slots")
+        if not isinstance(slots, list) or not all(_int(0, MAX_SLOTS)(s) for s in slots):
+            return "a job with invalid 'slots'"
+    return None
+
+
+def check_slots(value: Any) -> str | None:
+    """A peer's answer to query{what: slots}: rows of `slots --json`."""
+    if not isinstance(value, list) or len(value) > MAX_SLOTS:
+        return "the slot list is not a list"
+    for row in value:
+        if not isinstance(row, dict) or not _int(0, MAX_SLOTS)(row.get("index")):
+            return "a slot row without an index"
+        for key, val in row.items():
+            if not isinstance(key, str) or not (
+                val is None or isinstance(val, (int, float, str, bool))
+            ):
+                return "a slot row with a value that is not a scalar"
+            if isinstance(val, str) and len(val) > 256:
+                return "a slot row with a value over 256 characters"
+    return None

@@ -1,0 +1,728 @@
+"""The federation service: runs on the daemon's event loop (an `sched.extensions` Extension).
+
+With a cluster key (and no `cluster leave` since), it listens on the peer port, announces and
+browses with mDNS, dials static peers and peers learned from other peers, keeps one
+authenticated link per peer, sends a heartbeat every HEARTBEAT_S and judges each peer by how
+long it has been silent: alive, suspect after SUSPECT_S, dead after DEAD_S (at once after a
+`leave`). A dropped link is redialled at once; a peer back within REATTACH_S of its drop is
+reattached (its record kept). Without a key nothing listens and nothing is announced.
+
+The CLI on this machine reads the cluster view through the daemon's cluster socket
+(`Paths.cluster_socket`, `client.py`): peers, status, and every node's jobs and slots (asked
+of the peers over their links). Changing the daemon's federation (`reload` after `cluster
+init|join`, `leave`) is for the daemon's own user (or root) only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from det_local import __version__
+from det_local.errors import DetLocalError
+from det_local.federate import schema
+from det_local.federate.keys import KeyError_, read_key
+from det_local.federate.settings import FederationSettings, load
+from det_local.federate.transport import (
+    HANDSHAKE_TIMEOUT,
+    PRE_AUTH_MAX,
+    Me,
+    PeerHello,
+    Refused,
+    Session,
+    client_handshake,
+    decode,
+    duplicate_message,
+    plain,
+    read_frame,
+    server_handshake,
+)
+from det_local.sched.extensions import EngineView
+
+HEARTBEAT_S = 1.0
+TICK_S = 0.25
+SUSPECT_S = 3.0
+DEAD_S = 5.0
+REATTACH_S = 10.0
+PEERS_EVERY_S = 5.0
+MAX_UNAUTHENTICATED = 16
+MAX_LOCAL_CONNECTIONS = 32
+DIAL_TIMEOUT_S = 3.0
+QUERY_TIMEOUT_S = 3.0
+REDIAL_MIN_S = 0.5
+REDIAL_MAX_S = 5.0
+STATIC_MAX_S = 30.0
+REFUSED_BACKOFF_S = 30.0  # wrong key, another cluster, another version: no need to hurry
+
+
+@dataclass
+class Link:
+    session: Session
+    node: str
+    host: str
+    dialer: str  # node id of the side that dialled
+    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+    quiet: bool = False  # closed on purpose (a duplicate link): not a drop
+
+
+@dataclass
+class Peer:
+    node: str
+    host: str = ""
+    port: int = 0
+    epoch: str = ""
+    version: str = "?"
+    free: int = 0
+    total: int = 0
+    kind: str = "?"
+    digest: dict[str, Any] = field(default_factory=dict)
+    last_heard: float = 0.0
+    link: Link | None = None
+    left: bool = False
+    dropped_at: float | None = None
+    state: str = "alive"
+
+
+@dataclass
+class Target:
+    """An address to dial: a static peer, a learned one, or one mDNS found."""
+
+    host: str
+    port: int
+    node: str | None = None
+    static: bool = False
+    next_at: float = 0.0
+    backoff: float = 0.0
+    dialing: bool = False
+    last_error: str = ""
+    self_: bool = False
+
+
+def extension(view: EngineView) -> Federation:
+    return Federation(view)
+
+
+class Federation:
+    def __init__(self, view: EngineView) -> None:
+        self.view = view
+        self.paths = view.paths
+        self.on = False
+        self.why_off = "not started"
+        self.settings: FederationSettings | None = None
+        self.me: Me | None = None
+        self.peers: dict[str, Peer] = {}
+        self.targets: dict[tuple[str, int], Target] = {}
+        self.server: asyncio.AbstractServer | None = None
+        self.local: asyncio.AbstractServer | None = None
+        self.discovery: Any = None
+        self.address = ""
+        self._unauth = 0
+        self._local_conns = 0
+        self._own_nonces: set[bytes] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self._next_hb = 0.0
+        self._next_peers = 0.0
+        self._query_id = 0
+        self._lock = asyncio.Lock()
+
+    # ================================================================== lifecycle
+    async def start(self) -> None:
+        sock = self.paths.cluster_socket
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        try:
+            self.local = await asyncio.start_unix_server(self._on_local, path=str(sock))
+            os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
+        except OSError as err:
+            self.view.log(f"federation: no cluster socket at {sock} ({err.strerror})")
+        await self._begin()
+
+    async def stop(self) -> None:
+        try:
+            await self._end(goodbye=True)
+        except Exception as err:  # the daemon stops regardless
+            self.view.log(f"federation: stopping: {err}")
+        if self.local is not None:
+            self.local.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.paths.cluster_socket.unlink()
+
+    async def _begin(self) -> None:
+        async with self._lock:
+            if self.on:
+                return
+            if self.paths.cluster_left.exists():
+                self.why_off = "left the cluster (`det-local cluster join TOKEN` to join again)"
+                return
+            try:
+                key = read_key(self.paths.cluster_key)
+                if key is None:
+                    self.why_off = "no cluster key (`det-local cluster init` or `cluster join`)"
+                    return
+                self.settings = settings = load(self.paths.settings)
+            except (KeyError_, DetLocalError) as err:
+                self.why_off = str(err)
+                self.view.log(f"federation: {err}")
+                return
+            self.me = Me(settings.node_id, key, os.urandom(8).hex(), settings.port)
+            try:
+                self.server = await asyncio.start_server(
+                    self._on_accept, host=settings.listen, port=settings.port, reuse_address=True
+                )
+            except OSError as err:
+                self.why_off = (
+                    f"cannot listen on {settings.listen}:{settings.port} ({err.strerror}): set "
+                    "federation.port in daemon.yaml or DET_LOCAL_FED_PORT"
+                )
+                self.view.log(f"federation: {self.why_off}")
+                return
+            self.on = True
+            self.why_off = ""
+            self.peers.clear()
+            self.targets.clear()
+            for host, port in settings.peers:
+                self.targets[(host, port)] = Target(host, port, static=True)
+            from det_local.federate.discovery import interface_addresses
+
+            addrs = interface_addresses(settings.interfaces)
+            self.address = f"{addrs[0] if addrs else settings.listen}:{settings.port}"
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+            self.view.log(
+                f"federation: node {self.me.node} listening on {settings.listen}:{settings.port} "
+                f"(cluster {self.me.cluster}), mDNS {'on' if settings.mdns else 'off'}, "
+                f"{len(settings.peers)} static peer(s)"
+            )
+            if settings.mdns:
+                await self._start_discovery(addrs)
+
+    async def _start_discovery(self, addrs: list[str]) -> None:
+        assert self.me is not None and self.settings is not None
+        if not addrs:
+            self.view.log("federation: mDNS off: no private IPv4 interface to announce on")
+            return
+        from det_local.federate.discovery import Discovery
+
+        free, total, kind = self.view.slots()
+        disc = Discovery(self.me, addrs, self._found, self.view.log, total, kind)
+        try:
+            await disc.start()
+        except Exception as err:
+            self.view.log(f"federation: mDNS off: {type(err).__name__}: {err}")
+            return
+        self.discovery = disc
+
+    async def _end(self, goodbye: bool) -> None:
+        async with self._lock:
+            if not self.on:
+                return
+            self.on = False
+            if self._ticker is not None:
+                self._ticker.cancel()
+            if self.server is not None:
+                self.server.close()
+            links = [p.link for p in self.peers.values() if p.link is not None]
+            for link in links:
+                if goodbye:
+                    with contextlib.suppress(Exception):
+                        await link.session.send({"t": "leave"})
+                self._close(link, quiet=True)
+            for link in links:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(link.session.writer.wait_closed(), 1.0)
+            if self.discovery is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.discovery.stop(), 3.0)
+                self.discovery = None
+            for task in list(self._tasks):
+                task.cancel()
+            self.peers.clear()
+            self.targets.clear()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ================================================================== accepting
+    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        where = _where(writer)
+        if self._unauth >= MAX_UNAUTHENTICATED or not self.on or self.me is None:
+            self.view.log(
+                f"federation: refused a connection from {where}: {MAX_UNAUTHENTICATED} "
+                "unauthenticated connections are pending"
+            )
+            writer.transport.abort()
+            return
+        self._unauth += 1
+        try:
+            try:
+                pending = await asyncio.wait_for(
+                    server_handshake(reader, writer, self.me, where, self._own_nonces),
+                    HANDSHAKE_TIMEOUT,
+                )
+            except Refused as err:
+                self.view.log(f"federation: refused {where}: {err}")
+                writer.close()
+                return
+            except asyncio.TimeoutError:
+                self.view.log(
+                    f"federation: refused {where}: no handshake within {HANDSHAKE_TIMEOUT:.0f}s"
+                )
+                writer.transport.abort()
+                return
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                self.view.log(f"federation: refused {where}: closed during the handshake")
+                writer.transport.abort()
+                return
+        finally:
+            self._unauth -= 1
+        host = where.rsplit(":", 1)[0]
+        refusal = self._refuse_admission(pending.peer, host)
+        if refusal is not None:
+            message, code = refusal
+            pending.refuse(message, code)
+            if code != "link":
+                self.view.log(f"federation: refused {where}: {message}")
+            writer.close()
+            return
+        session = pending.admit()
+        self._attach(session, pending.peer, host, dialer=pending.peer.node)
+
+    def _refuse_admission(self, hello: PeerHello, host: str) -> tuple[str, str] | None:
+        """Whether a peer that passed the handshake may have a link now."""
+        assert self.me is not None
+        peer = self.peers.get(hello.node)
+        link = peer.link if peer is not None else None
+        if peer is None or link is None or link.closed:
+            return None
+        silent = time.monotonic() - peer.last_heard
+        if peer.epoch != hello.epoch and link.host != host and silent < SUSPECT_S:
+            return duplicate_message(hello.node, f"{host} and {link.host}"), "duplicate"
+        if peer.epoch == hello.epoch and min(self.me.node, hello.node) == link.dialer:
+            return f"{hello.node} already has a link to {self.me.node}", "link"
+        return None
+
+    # ================================================================== dialling
+    def _found(self, node: str, host: str, port: int) -> None:
+        """mDNS (or a peer's list) names a node: dial it unless a link exists."""
+        if self.me is None or node == self.me.node:
+            return
+        target = self.targets.get((host, port))
+        if target is None:
+            self.targets[(host, port)] = Target(host, port, node=node)
+        elif target.node is None:
+            target.node = node
+        peer = self.peers.get(node)
+        if peer is None or peer.link is None:
+            t = self.targets[(host, port)]
+            t.next_at = min(t.next_at, time.monotonic())
+            self._dial_due()
+
+    def _dial_due(self) -> None:
+        now = time.monotonic()
+        linked = {(p.host, p.port) for p in self.peers.values() if p.link is not None}
+        linked_nodes = {n for n, p in self.peers.items() if p.link is not None}
+        for key, target in self.targets.items():
+            if target.self_ or target.dialing or target.next_at > now:
+                continue
+            if key in linked or (target.node is not None and target.node in linked_nodes):
+                continue
+            target.dialing = True
+            self._spawn(self._dial(target))
+
+    async def _dial(self, target: Target) -> None:
+        assert self.me is not None
+        where = f"{target.host}:{target.port}"
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, w = await asyncio.wait_for(
+                asyncio.open_connection(target.host, target.port), DIAL_TIMEOUT_S
+            )
+            writer = w
+            session, hello = await client_handshake(reader, w, self.me, where, self._own_nonces)
+            peer_host = w.get_extra_info("peername")[0]
+            target.node = hello.node
+            refusal = self._refuse_admission(hello, peer_host)
+            if refusal is not None:
+                raise Refused(refusal[0], refusal[1])
+            target.backoff = 0.0
+            target.last_error = ""
+            self._attach(session, hello, peer_host, dialer=self.me.node, port=target.port)
+            writer = None
+        except Refused as err:
+            if err.code == "self":
+                target.self_ = True
+            elif err.code != "link" and str(err) != target.last_error:
+                self.view.log(f"federation: {err}")  # once per new reason, not per retry
+                target.last_error = str(err)
+            slow = err.code in ("key", "cluster", "version", "duplicate")
+            self._backoff(target, REFUSED_BACKOFF_S if slow else None)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as err:
+            reason = (
+                f"cannot reach {where} ({getattr(err, 'strerror', None) or type(err).__name__})"
+            )
+            if target.static and reason != target.last_error:
+                self.view.log(f"federation: {reason}; trying again")
+            target.last_error = reason
+            self._backoff(target)
+        finally:
+            target.dialing = False
+            if writer is not None:
+                writer.transport.abort()
+
+    def _backoff(self, target: Target, fixed: float | None = None) -> None:
+        top = STATIC_MAX_S if target.static else REDIAL_MAX_S
+        target.backoff = fixed or min(max(target.backoff * 2, REDIAL_MIN_S), top)
+        target.next_at = time.monotonic() + target.backoff
+
+    # ================================================================== links
+    def _attach(
+        self, session: Session, hello: PeerHello, host: str, dialer: str, port: int | None = None
+    ) -> None:
+        now = time.monotonic()
+        peer = self.peers.get(hello.node)
+        if peer is None:
+            peer = self.peers[hello.node] = Peer(hello.node)
+            self.view.log(f"federation: peer {hello.node} joined ({host}:{hello.port})")
+        elif peer.link is not None:
+            self._close(peer.link, quiet=True)
+        elif peer.dropped_at is not None:
+            gap = now - peer.dropped_at
+            how = "reattached" if gap <= REATTACH_S else "rejoined"
+            self.view.log(f"federation: peer {hello.node} {how} after {gap:.1f}s")
+        elif peer.left:
+            self.view.log(f"federation: peer {hello.node} rejoined")
+        link = Link(session, hello.node, host, dialer)
+        peer.link = link
+        peer.host, peer.port = host, port or hello.port
+        peer.epoch, peer.version = hello.epoch, hello.version
+        peer.last_heard = now
+        peer.left = False
+        peer.dropped_at = None
+        peer.state = "alive"
+        self.targets.setdefault((host, peer.port), Target(host, peer.port, node=hello.node))
+        link.task = asyncio.get_running_loop().create_task(self._read_loop(peer, link))
+        self._spawn(self._greet(link))
+
+    async def _greet(self, link: Link) -> None:
+        with contextlib.suppress(Exception):
+            await link.session.send(self._hb())
+            await link.session.send(self._peer_list())
+
+    def _close(self, link: Link, quiet: bool = False) -> None:
+        link.quiet = link.quiet or quiet
+        if link.closed:
+            return
+        link.closed = True
+        link.session.close()
+        for fut in link.pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"the link to {link.node} closed"))
+        link.pending.clear()
+
+    async def _read_loop(self, peer: Peer, link: Link) -> None:
+        why = "closed"
+        try:
+            while not link.closed:
+                msg = await link.session.recv()
+                peer.last_heard = time.monotonic()
+                await self._handle(peer, link, msg)
+        except Refused as err:
+            why = str(err)
+            self.view.log(f"federation: closed the link to {peer.node}: {err}")
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            why = "closed"
+        except asyncio.CancelledError:
+            raise
+        finally:
+            quiet = link.quiet
+            self._close(link)
+            if peer.link is link:
+                peer.link = None
+                if not quiet and not peer.left and self.on:
+                    peer.dropped_at = time.monotonic()
+                    self.view.log(f"federation: link to {peer.node} dropped ({why}); redialling")
+                    for target in self.targets.values():
+                        if target.node == peer.node or (target.host, target.port) == (
+                            peer.host,
+                            peer.port,
+                        ):
+                            target.next_at = 0.0
+                            target.backoff = 0.0
+                    self._dial_due()
+
+    async def _handle(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        problem = schema.check(msg)
+        if problem is not None:
+            self.view.log(f"federation: refused a message from {peer.node}: {problem}")
+            answer: dict[str, Any] = {"t": "error", "error": problem}
+            if isinstance(msg.get("id"), int) and not isinstance(msg.get("id"), bool):
+                answer["id"] = msg["id"]
+            await link.session.send(answer)
+            return
+        kind = msg["t"]
+        if kind == "hb":
+            peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
+            peer.digest = msg["digest"]
+        elif kind == "peers":
+            for entry in msg["list"]:
+                self._found(entry["node"], entry["host"], entry["port"])
+        elif kind == "leave":
+            peer.left = True
+            self.view.log(f"federation: peer {peer.node} left")
+            self._close(link, quiet=True)
+        elif kind == "query":
+            self._spawn(self._answer(link, msg))
+        elif kind == "reply" or kind == "error":
+            fut = link.pending.pop(msg.get("id", -1), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            elif kind == "error":
+                self.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
+
+    async def _answer(self, link: Link, msg: dict[str, Any]) -> None:
+        try:
+            if msg["what"] == "jobs":
+                value: Any = self.view.jobs(include_done=bool(msg.get("all", False)))
+            else:
+                value = self.view.slot_rows()
+            reply = {"t": "reply", "id": msg["id"], "value": value}
+        except Exception as err:
+            reply = {"t": "reply", "id": msg["id"], "error": f"{type(err).__name__}: {err}"[:500]}
+        with contextlib.suppress(Exception):
+            await link.session.send(reply)
+
+    async def _ask(self, peer: Peer, what: str, include_done: bool) -> Any:
+        link = peer.link
+        if link is None or link.closed:
+            raise ConnectionError(f"no link to {peer.node}")
+        self._query_id += 1
+        qid = self._query_id
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        link.pending[qid] = fut
+        await link.session.send({"t": "query", "id": qid, "what": what, "all": include_done})
+        try:
+            answer = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
+        finally:
+            link.pending.pop(qid, None)
+        if answer.get("error"):
+            raise DetLocalError(str(answer["error"]))
+        value = answer.get("value")
+        problem = (schema.check_jobs if what == "jobs" else schema.check_slots)(value)
+        if problem:
+            raise DetLocalError(f"{peer.node} answered with an invalid list: {problem}")
+        return value
+
+    # ================================================================== heartbeats, states
+    def _hb(self) -> dict[str, Any]:
+        free, total, kind = self.view.slots()
+        return {
+            "t": "hb",
+            "free": free,
+            "total": total,
+            "kind": kind,
+            "digest": self.view.queue_digest(),
+        }
+
+    def _peer_list(self) -> dict[str, Any]:
+        entries = [
+            {"node": p.node, "host": p.host, "port": p.port}
+            for p in self.peers.values()
+            if p.link is not None and p.host and p.port
+        ]
+        return {"t": "peers", "list": entries[: schema.MAX_PEERS]}
+
+    async def _tick_forever(self) -> None:
+        while self.on:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a bug here must not stop the heartbeats for good
+                self.view.log(f"federation: heartbeat tick failed: {type(err).__name__}: {err}")
+            await asyncio.sleep(TICK_S)
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        links = [p.link for p in self.peers.values() if p.link is not None and not p.link.closed]
+        if now >= self._next_hb:
+            self._next_hb = now + HEARTBEAT_S
+            hb = self._hb()
+            send_list = now >= self._next_peers
+            if send_list:
+                self._next_peers = now + PEERS_EVERY_S
+            plist = self._peer_list()
+            for link in links:
+                try:
+                    await link.session.send(hb)
+                    if send_list:
+                        await link.session.send(plist)
+                except (OSError, ConnectionError, ValueError):
+                    self._close(link)
+        for peer in self.peers.values():
+            state = self._state(peer, now)
+            if state != peer.state:
+                if state in ("suspect", "dead") and not peer.left:
+                    silent = now - peer.last_heard
+                    self.view.log(f"federation: peer {peer.node} is {state} (silent {silent:.1f}s)")
+                    if state == "dead" and peer.link is not None:
+                        self._close(peer.link)  # a silent link is a dead one: redial
+                elif state == "alive" and peer.state != "alive":
+                    self.view.log(f"federation: peer {peer.node} is alive")
+                peer.state = state
+        self._dial_due()
+
+    @staticmethod
+    def _state(peer: Peer, now: float) -> str:
+        if peer.left:
+            return "dead"
+        silent = now - peer.last_heard
+        if silent < SUSPECT_S:
+            return "alive"
+        if silent < DEAD_S:
+            return "suspect"
+        return "dead"
+
+    # ================================================================== the view
+    def peer_rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        rows: list[dict[str, Any]] = []
+        if self.on and self.me is not None:
+            free, total, _kind = self.view.slots()
+            rows.append(
+                {
+                    "id": self.me.node,
+                    "address": self.address,
+                    "state": "self",
+                    "slots_total": total,
+                    "slots_free": free,
+                    "version": __version__,
+                    "last_seen_s": 0.0,
+                    "queue": self.view.queue_digest(),
+                }
+            )
+        for peer in sorted(self.peers.values(), key=lambda p: p.node):
+            rows.append(
+                {
+                    "id": peer.node,
+                    "address": f"{peer.host}:{peer.port}",
+                    "state": self._state(peer, now),
+                    "slots_total": peer.total,
+                    "slots_free": peer.free,
+                    "version": peer.version,
+                    "last_seen_s": round(now - peer.last_heard, 2),
+                    "queue": peer.digest,
+                }
+            )
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"federation": "on" if self.on else "off"}
+        if self.on and self.me is not None:
+            out.update(
+                node=self.me.node,
+                port=self.me.port,
+                cluster=self.me.cluster,
+                mdns=self.discovery is not None,
+                live_peers=sum(
+                    self._state(p, time.monotonic()) == "alive" for p in self.peers.values()
+                ),
+            )
+        else:
+            out["why"] = self.why_off
+        return out
+
+    async def _gather(self, what: str, include_done: bool) -> list[dict[str, Any]]:
+        """Every node's jobs or slots: this node's, then each live peer's (asked now)."""
+        local = (
+            self.view.jobs(include_done=include_done) if what == "jobs" else self.view.slot_rows()
+        )
+        me = self.me.node if self.me is not None else "local"
+        out: list[dict[str, Any]] = [{"node": me, "state": "self", "value": local}]
+        peers = [p for p in sorted(self.peers.values(), key=lambda p: p.node)]
+
+        async def one(peer: Peer) -> dict[str, Any]:
+            row: dict[str, Any] = {"node": peer.node, "state": self._state(peer, time.monotonic())}
+            try:
+                row["value"] = await self._ask(peer, what, include_done)
+            except (Exception, asyncio.TimeoutError) as err:
+                row["error"] = str(err) or type(err).__name__
+            return row
+
+        out += await asyncio.gather(*(one(p) for p in peers))
+        return out
+
+    # ================================================================== the cluster socket
+    async def _on_local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._local_conns >= MAX_LOCAL_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._local_conns += 1
+        try:
+            frame = await asyncio.wait_for(read_frame(reader, PRE_AUTH_MAX), HANDSHAKE_TIMEOUT)
+            msg = decode(frame)
+            answer = await self._local_request(msg, _peer_uid(writer))
+        except (Refused, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as err:
+            answer = {"t": "reply", "error": f"bad request: {err}"}
+        except Exception as err:
+            answer = {"t": "reply", "error": f"{type(err).__name__}: {err}"}
+        finally:
+            self._local_conns -= 1
+        with contextlib.suppress(Exception):
+            writer.write(plain(answer))
+            await writer.drain()
+            writer.close()
+
+    async def _local_request(self, msg: dict[str, Any], uid: int | None) -> dict[str, Any]:
+        kind = msg["t"]
+        if kind == "status":
+            return {"t": "reply", "value": self.status()}
+        if kind == "peers":
+            return {"t": "reply", "value": {**self.status(), "peers": self.peer_rows()}}
+        if kind in ("jobs", "slots"):
+            if not self.on:
+                return {"t": "reply", "error": f"federation is off: {self.why_off}"}
+            rows = await self._gather(kind, bool(msg.get("all", False)))
+            return {"t": "reply", "value": rows}
+        if kind in ("reload", "leave"):
+            if uid not in (0, os.geteuid()):
+                return {"t": "reply", "error": "only the daemon's user (or root) may do that"}
+            if kind == "leave":
+                was = self.on
+                await self._end(goodbye=True)
+                self.why_off = "left the cluster (`det-local cluster join TOKEN` to join again)"
+                return {"t": "reply", "value": {"was_on": was}}
+            await self._begin()
+            return {"t": "reply", "value": self.status()}
+        return {"t": "reply", "error": f"unknown request '{str(kind)[:40]}'"}
+
+
+def _where(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return "?"
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return int(struct.unpack("3i", creds)[1])
+
+
+Factory = Callable[[EngineView], Federation]

@@ -1,0 +1,132 @@
+"""The `federation:` section of daemon.yaml and its environment variables.
+
+```yaml
+federation:
+  port: 47800            # TCP port of the peer link (DET_LOCAL_FED_PORT)
+  node_id: gpu1          # default: hostname plus 8 hex of /etc/machine-id (DET_LOCAL_NODE_ID)
+  mdns: true             # announce and browse with mDNS (DET_LOCAL_MDNS=0 turns it off)
+  peers: ["10.0.0.5:47800", "gpu2.lab"]   # dialled as well (DET_LOCAL_PEERS=host:port,...)
+  interfaces: [eth0]     # where mDNS runs; default: private IPv4 interfaces, no docker*,
+                         # virbr*, veth*, loopback (DET_LOCAL_FED_INTERFACES=eth0,eth1)
+  listen: 0.0.0.0        # address the peer link listens on (DET_LOCAL_FED_LISTEN)
+```
+The environment wins over daemon.yaml.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from det_local.errors import ConfigError
+from det_local.federate.keys import default_node_id, valid_node_id
+
+DEFAULT_PORT = 47800
+_KEYS = {"port", "node_id", "mdns", "peers", "interfaces", "listen"}
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    port: int = DEFAULT_PORT
+    node_id: str = ""
+    mdns: bool = True
+    peers: tuple[tuple[str, int], ...] = ()
+    interfaces: tuple[str, ...] | None = None  # None: the private IPv4 interfaces
+    listen: str = "0.0.0.0"
+
+
+def parse_peer(text: str, where: str) -> tuple[str, int]:
+    text = text.strip()
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        host, port_s = text, str(DEFAULT_PORT)
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError(f"{where}: '{text}' is not host:port") from None
+    if not host or not 0 < port < 65536:
+        raise ConfigError(f"{where}: '{text}' is not host:port with a port in 1-65535")
+    return host.strip("[]"), port
+
+
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(f"{where}: expected a TCP port in 1-65535, found {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{where}: expected true or false, found {value!r}")
+
+
+def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSettings:
+    env = dict(os.environ) if env is None else env
+    raw: dict[str, Any] = {}
+    source = str(settings_path)
+    if settings_path.exists():
+        import yaml
+
+        try:
+            doc = yaml.safe_load(settings_path.read_text()) or {}
+        except yaml.YAMLError:
+            raise ConfigError(f"{source} is not valid YAML") from None
+        section = doc.get("federation") if isinstance(doc, dict) else None
+        if section is not None and not isinstance(section, dict):
+            raise ConfigError(f"federation in {source}: expected a mapping")
+        raw = section or {}
+    import difflib
+
+    for key in raw:
+        if key not in _KEYS:
+            near = difflib.get_close_matches(str(key), sorted(_KEYS), n=1)
+            hint = (
+                f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(_KEYS))}"
+            )
+            raise ConfigError(f"unknown field 'federation.{key}' in {source}{hint}")
+    port = _port(raw.get("port", DEFAULT_PORT), f"federation.port in {source}")
+    if env.get("DET_LOCAL_FED_PORT"):
+        port = _port(env["DET_LOCAL_FED_PORT"], "DET_LOCAL_FED_PORT")
+    node = env.get("DET_LOCAL_NODE_ID") or raw.get("node_id") or default_node_id()
+    if not valid_node_id(node):
+        raise ConfigError(
+            f"node id {node!r} (federation.node_id / DET_LOCAL_NODE_ID): expected 1-63 letters, "
+            "digits, '.', '_' or '-'"
+        )
+    mdns = _flag(raw.get("mdns", True), f"federation.mdns in {source}")
+    if env.get("DET_LOCAL_MDNS") is not None and env.get("DET_LOCAL_MDNS") != "":
+        mdns = _flag(env["DET_LOCAL_MDNS"], "DET_LOCAL_MDNS")
+    peers_raw = raw.get("peers") or []
+    if not isinstance(peers_raw, list):
+        raise ConfigError(f"federation.peers in {source}: expected a list of host:port")
+    peers = [parse_peer(str(p), f"federation.peers in {source}") for p in peers_raw]
+    if env.get("DET_LOCAL_PEERS"):
+        peers += [
+            parse_peer(p, "DET_LOCAL_PEERS") for p in env["DET_LOCAL_PEERS"].split(",") if p.strip()
+        ]
+    interfaces: tuple[str, ...] | None = None
+    if raw.get("interfaces") is not None:
+        if not isinstance(raw["interfaces"], list):
+            raise ConfigError(f"federation.interfaces in {source}: expected a list of names")
+        interfaces = tuple(str(i) for i in raw["interfaces"])
+    if env.get("DET_LOCAL_FED_INTERFACES"):
+        interfaces = tuple(i.strip() for i in env["DET_LOCAL_FED_INTERFACES"].split(",") if i)
+    listen = str(env.get("DET_LOCAL_FED_LISTEN") or raw.get("listen") or "0.0.0.0")
+    return FederationSettings(
+        port=port,
+        node_id=str(node),
+        mdns=mdns,
+        peers=tuple(dict.fromkeys(peers)),
+        interfaces=interfaces,
+        listen=listen,
+    )
