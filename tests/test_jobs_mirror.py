@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from det_local.errors import StateError
 from det_local.store.db import Store
 from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
+from det_local.store.states import JOB_TRANSITIONS, JobState
 
 
 def sql_view(store: Store) -> list[JobRecord]:
@@ -66,14 +68,28 @@ def random_change(store: Store, rng: random.Random, ids: list[int], trial: list[
         )
         return
     job_id = rng.choice(ids)
-    if op == "allocate":
-        jobs.allocate(job_id, rng.sample(range(4), rng.choice([0, 1, 2])), 1)
+    moves = {
+        "allocate": (
+            JobState.SCHEDULED,
+            lambda: jobs.allocate(job_id, rng.sample(range(4), rng.choice([0, 1, 2])), 1),
+        ),
+        "finish": (JobState.DONE, lambda: jobs.finish(job_id, rng.choice([None, 0, 1]), "ended")),
+        "requeue": (
+            JobState.QUEUED,
+            lambda: jobs.requeue(job_id, priority=rng.choice([None, 5, 50])),
+        ),
+    }
+    if op in moves:
+        new, move = moves[op]
+        before = jobs.get(job_id)
+        if new == before.state or new in JOB_TRANSITIONS[before.state]:
+            move()
+        else:  # a move the table lacks: refused, the row (and so the copy) left as it was
+            with pytest.raises(StateError, match=f"is {before.state.value}; it cannot become"):
+                move()
+            assert jobs.get(job_id) == before
     elif op == "process":
         jobs.set_process(job_id, rng.randrange(2, 1 << 20), float(rng.randrange(1000)))
-    elif op == "finish":
-        jobs.finish(job_id, rng.choice([None, 0, 1]), "ended")
-    elif op == "requeue":
-        jobs.requeue(job_id, priority=rng.choice([None, 5, 50]))
     elif op == "priority":
         jobs.set_priority(job_id, rng.choice([1, 42, 99]))
     elif op == "move":

@@ -21,11 +21,12 @@ def slots_command(
     """Show this machine's slots: GPUs from NVML (or CPU slots), memory, utilisation, and who
     uses each one, including processes det-local did not start."""
     from det_local.api import open_store
+    from det_local.store.states import JobState
 
     our_pids: list[int] = []
     allocations: dict[int, str] = {}
     for job in open_store().jobs.active():
-        if job.state != "SCHEDULED":
+        if job.state != JobState.SCHEDULED:
             continue
         if job.pid is not None:
             our_pids.append(job.pid)

@@ -1,9 +1,14 @@
 """The job queue's records: one row per schedulable job (a trial, a command, a shell...).
 
 A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process running); a job
-that ended is DONE and kept for `job list --all` and its exit status. The allocation (slots,
-pid, the process's start time, the run id) is written before a process is spawned and
-completed after, so a restarted daemon can tell which processes are its own.
+that ended is DONE (CANCELED: removed while queued) and kept for `job list --all` and its exit
+status. The allocation (slots, pid, the process's start time, the run id) is written before a
+process is spawned and completed after, so a restarted daemon can tell which processes are its
+own.
+
+The states and the moves allowed between them are :class:`~det_local.store.states.JobState`
+and its table: a state change is one UPDATE whose WHERE clause admits only the states the move
+may start from; a move the table lacks changes nothing and raises StateError (a bug).
 
 Every user can read the database: nothing secret goes in it. The `token` and `env` columns
 are left from det-local versions that kept a trial's token and a command's environment here;
@@ -27,7 +32,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from det_local.errors import NotFoundError
+from det_local.errors import NotFoundError, StateError
+from det_local.store.states import JOB_ACTIVE, JOB_SOURCES, JobState, check_job_transition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -68,9 +74,11 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 """
 
-QUEUED = "QUEUED"
-SCHEDULED = "SCHEDULED"
-DONE = "DONE"
+# JobState's members under the names the scheduler imports today
+QUEUED = JobState.QUEUED
+SCHEDULED = JobState.SCHEDULED
+DONE = JobState.DONE
+_STATE_OF = {s.value: s for s in JobState}  # a stored string -> its member (faster than a call)
 
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
@@ -80,7 +88,12 @@ _COLS = (
 _LIST_COLS = _COLS
 # the scheduling pass skips argv (`get` reads the whole row when a job starts)
 _ACTIVE_COLS = _LIST_COLS.replace("ended_at, argv,", "ended_at, NULL,")
-_ACTIVE = "state IN ('QUEUED', 'SCHEDULED')"
+_ACTIVE = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(JOB_ACTIVE)))
+# a move to each state: the states it may start from (the WHERE clause of its UPDATE)
+_FROM = {
+    new: "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(old)))
+    for new, old in JOB_SOURCES.items()
+}
 _ORDER = " ORDER BY position, id"  # what the position index gives (ties: by id)
 
 
@@ -94,7 +107,7 @@ class JobRecord:
     priority: int
     position: float
     slots_needed: int
-    state: str
+    state: JobState
     experiment_id: int | None
     trial_id: int | None
     slots: list[int]
@@ -114,13 +127,25 @@ class JobRecord:
     umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
 
 
 def _real(v: Any) -> float | None:
     # REAL columns: SQLite keeps a whole number as an integer on disk and a RETURNING clause
     # hands it over as such (a SELECT gives a float)
     return None if v is None else float(v)
+
+
+def _state(value: str) -> JobState:
+    try:
+        return _STATE_OF[value]
+    except KeyError:
+        raise StateError(
+            f"a job in the database has the unknown state {value!r}; "
+            f"the states are {', '.join(_STATE_OF)}"
+        ) from None
 
 
 def _row(r: Sequence[Any]) -> JobRecord:
@@ -133,7 +158,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         priority=r[5],
         position=float(r[6]),
         slots_needed=r[7],
-        state=r[8],
+        state=_state(r[8]),
         experiment_id=r[9],
         trial_id=r[10],
         slots=json.loads(r[11]),
@@ -250,12 +275,30 @@ class JobTable:
         for r in rows:
             mirror.put(_row(r))
 
-    def _update(self, sql: str, args: Sequence[Any]) -> None:
-        """One UPDATE of the jobs table (ending in its WHERE clause), mirrored."""
+    def _update(self, sql: str, args: Sequence[Any]) -> int:
+        """One UPDATE of the jobs table (ending in its WHERE clause), mirrored; returns the
+        number of rows it changed."""
         if self._mirror is None:
-            self.conn.execute(sql, args)
+            return self.conn.execute(sql, args).rowcount
+        rows = self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall()
+        self._changed(rows)
+        return len(rows)
+
+    def _move(self, job_id: int, new: JobState, sets: str, args: Sequence[Any]) -> None:
+        """Put the job in state ``new`` and ``SET sets`` (its ``args``), in one UPDATE that
+        only a state the move may start from matches. A job in another state is left as it
+        is: StateError (a bug), naming both states; no such job: NotFoundError."""
+        changed = self._update(
+            f"UPDATE jobs SET state=?, {sets} WHERE id=? AND {_FROM[new]}",
+            (new.value, *args, job_id),
+        )
+        if changed:
             return
-        self._changed(self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall())
+        r = self.conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if r is None:
+            raise NotFoundError(f"job {job_id} not found; `det-local job list` shows the queue")
+        check_job_transition(job_id, _state(r[0]), new)
+        raise AssertionError(f"job {job_id}: moving to {new.value} changed no row")
 
     def create(
         self,
@@ -343,28 +386,32 @@ class JobTable:
 
     # -- state changes --------------------------------------------------------------------
     def requeue(self, job_id: int, *, priority: int | None = None) -> None:
-        self._update(
-            "UPDATE jobs SET state=?, slots='[]', pid=NULL, pid_start=NULL,"
-            " priority=COALESCE(?, priority), ended_at=NULL, exit_code=NULL, preempt_acked=0"
-            " WHERE id=?",
-            (QUEUED, priority, job_id),
+        self._move(
+            job_id,
+            QUEUED,
+            "slots='[]', pid=NULL, pid_start=NULL, priority=COALESCE(?, priority),"
+            " ended_at=NULL, exit_code=NULL, preempt_acked=0",
+            (priority,),
         )
 
     def allocate(self, job_id: int, slots: Iterable[int], run_id: int) -> None:
         """Durable before acting: the allocation is recorded before the process is spawned."""
-        self._update(
-            "UPDATE jobs SET state=?, slots=?, run_id=?, started_at=?, pid=NULL,"
-            " pid_start=NULL, preempt_acked=0 WHERE id=?",
-            (SCHEDULED, json.dumps(list(slots)), run_id, time.time(), job_id),
+        self._move(
+            job_id,
+            SCHEDULED,
+            "slots=?, run_id=?, started_at=?, pid=NULL, pid_start=NULL, preempt_acked=0",
+            (json.dumps(list(slots)), run_id, time.time()),
         )
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
         self._update("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
 
     def finish(self, job_id: int, exit_code: int | None, message: str | None = None) -> None:
-        self._update(
-            "UPDATE jobs SET state=?, slots='[]', ended_at=?, exit_code=?, message=? WHERE id=?",
-            (DONE, time.time(), exit_code, message, job_id),
+        self._move(
+            job_id,
+            DONE,
+            "slots='[]', ended_at=?, exit_code=?, message=?",
+            (time.time(), exit_code, message),
         )
 
     def set_preempt_acked(self, job_id: int) -> None:
@@ -381,9 +428,9 @@ class JobTable:
         job = self.get(job_id)
         op, order = ("<", "DESC") if ahead else (">", "ASC")
         r = self.conn.execute(
-            f"SELECT position FROM jobs WHERE state != ? AND position {op} ? "
+            f"SELECT position FROM jobs WHERE {_ACTIVE} AND position {op} ? "
             f"ORDER BY position {order} LIMIT 1",
-            (DONE, job.position),
+            (job.position,),
         ).fetchone()
         if r is None:
             return job.position - 1 if ahead else job.position + 1
