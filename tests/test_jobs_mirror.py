@@ -90,7 +90,10 @@ def random_change(store: Store, rng: random.Random, ids: list[int], trial: list[
         except StateError as err:
             assert not legal, err
             assert jobs.get(job_id) == before
-            assert f"job {job_id} is {before.state}; it cannot become {new.value}" in str(err)
+            assert (
+                f"job {job_id} is {JobState(before.state).value}; it cannot become {new.value}"
+                in str(err)
+            )
         else:
             assert legal, (before.state, new)
             assert jobs.get(job_id).state == new.value

@@ -13,7 +13,6 @@ import pytest
 
 from det_local.errors import DetLocalError
 from det_local.sched.policy import (
-    DEFAULT_PRIORITY,
     Decision,
     JobView,
     PolicyConfig,
@@ -23,6 +22,7 @@ from det_local.sched.policy import (
     queue_order,
     schedule,
 )
+from det_local.sched.priority import DEFAULT_PRIORITY
 
 PRIO = PolicyConfig()
 PRIO_NOPREEMPT = PolicyConfig(preemption=False)

@@ -25,8 +25,6 @@ app = typer.Typer(
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-# Determined downloads only these; a DELETED checkpoint has no files left to copy.
-
 
 # ---------------------------------------------------------------------------- shared formatting
 def fmt_time(ts: float | None) -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from det_local.sched.priority import DEFAULT_PRIORITY
+from det_local.sched.priority import HELP as PRIORITY_HELP
+
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
 
 
@@ -14,7 +17,7 @@ app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on
 def run(
     ctx: typer.Context,
     slots: int = typer.Option(1, "--slots", help="Slots (GPUs, or CPU slots) the command needs."),
-    priority: int = typer.Option(42, "--priority", "-p", help="1 (most important) to 99."),
+    priority: int = typer.Option(DEFAULT_PRIORITY, "--priority", "-p", help=PRIORITY_HELP),
     name: str = typer.Option(None, "--name", help="A name for `job list`."),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Wait for it and stream its output; exit with its status."

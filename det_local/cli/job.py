@@ -6,6 +6,8 @@ from typing import Any
 
 import typer
 
+from det_local.sched.priority import HELP as PRIORITY_HELP
+
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The job queue.")
 
 
@@ -62,6 +64,7 @@ def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
     from det_local.errors import DetLocalError
     from det_local.sched.policy import JobView, PolicyConfig, RunningJob, queue_order
     from det_local.sched.settings import load_settings
+    from det_local.store.states import JobState
 
     try:
         settings = load_settings(paths.settings)
@@ -75,9 +78,9 @@ def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
     def key(j: Any) -> tuple[int, float, int]:
         return (j.priority, j.position, j.id)
 
-    running = sorted((j for j in jobs if j.state == "SCHEDULED"), key=key)
-    queued = {j.id: j for j in jobs if j.state == "QUEUED"}
-    ended = sorted((j for j in jobs if j.state not in ("SCHEDULED", "QUEUED")), key=lambda j: j.id)
+    running = sorted((j for j in jobs if j.state == JobState.SCHEDULED), key=key)
+    queued = {j.id: j for j in jobs if j.state == JobState.QUEUED}
+    ended = sorted((j for j in jobs if not JobState(j.state).active), key=lambda j: j.id)
     running_views = [RunningJob(view(j), tuple(j.slots)) for j in running]
     order = queue_order([view(j) for j in queued.values()], cfg, running_views)
     return running + [queued[v.id] for v in order] + ended
@@ -86,7 +89,7 @@ def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
 @app.command("update")
 def update(
     job_id: int = typer.Argument(..., help="The job to change."),
-    priority: int = typer.Option(None, "--priority", help="1 (most important) to 99."),
+    priority: int = typer.Option(None, "--priority", help=PRIORITY_HELP),
     ahead_of: int = typer.Option(None, "--ahead-of", help="Move it just ahead of this job."),
     behind_of: int = typer.Option(None, "--behind-of", help="Move it just behind this job."),
 ) -> None:

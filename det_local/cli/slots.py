@@ -27,11 +27,12 @@ def slots_command(
         _cluster_slots(as_json)
         return
     from det_local.api import open_store
+    from det_local.store.states import JobState
 
     our_pids: list[int] = []
     allocations: dict[int, str] = {}
     for job in open_store().jobs.active():
-        if job.state != "SCHEDULED":
+        if job.state != JobState.SCHEDULED:
             continue
         if job.pid is not None:
             our_pids.append(job.pid)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from det_local.sched.priority import DEFAULT_PRIORITY
+from det_local.sched.priority import HELP as PRIORITY_HELP
+
 shell_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Interactive shells.")
 notebook_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Jupyter notebooks.")
 tensorboard_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="TensorBoard.")
@@ -12,7 +15,7 @@ tensorboard_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=
 @shell_app.command("start")
 def shell_start(
     slots: int = typer.Option(1, "--slots", help="Slots the shell holds until it exits."),
-    priority: int = typer.Option(42, "--priority", "-p", help="1 (most important) to 99."),
+    priority: int = typer.Option(DEFAULT_PRIORITY, "--priority", "-p", help=PRIORITY_HELP),
 ) -> None:
     """An interactive shell that holds slots (CUDA_VISIBLE_DEVICES set) until it exits."""
     from det_local import api

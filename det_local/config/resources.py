@@ -8,14 +8,13 @@ from typing import Any
 
 from det_local.config import check, fields
 from det_local.config.check import Ctx, join
-
-DEFAULT_PRIORITY = 42
+from det_local.sched.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 SPEC: fields.Spec = {
     "slots_per_trial": fields.int_(1, lo=0),
     "max_slots": fields.int_(lo=1),
     "weight": fields.number(1.0, lo=0, exclusive=True),
-    "priority": fields.int_(lo=1, hi=99),
+    "priority": fields.int_(lo=MIN_PRIORITY, hi=MAX_PRIORITY),
     "resource_pool": fields.str_(""),
     "shm_size": fields.any_(),
     "is_single_node": fields.bool_(),
@@ -46,7 +45,8 @@ class ResourcesConfig:
 
     @property
     def effective_priority(self) -> int:
-        """The priority the scheduler uses: the configured one, else 42 (lower runs first)."""
+        """The priority the scheduler uses: the configured one, else DEFAULT_PRIORITY (lower
+        runs first)."""
         return DEFAULT_PRIORITY if self.priority is None else self.priority
 
     @property

@@ -30,14 +30,6 @@ def legacy_trial_argv(entrypoint: str, slots: int, python: str | None = None) ->
     return [exe, "-m", "det_local.launch.torch_distributed", "--trial", entrypoint]
 
 
-def is_launcher_entrypoint(text: str) -> bool:
-    """Does an entrypoint (string or joined list) run one of the launchers?"""
-    return any(f"{pkg}.{name}" in text for pkg in _PACKAGES for name in LAUNCHERS)
-
-
-_PACKAGES = ("det_local.launch", "determined.launch")
-
-
 class _UnknownLauncher(importlib.abc.MetaPathFinder):
     """`python3 -m det_local.launch.nope`: name the launchers instead of 'No module named'.
 

@@ -13,9 +13,9 @@ Rules
 -----
 
 1. **Order (priority mode).** Queued jobs are considered in ``(priority, position, id)``
-   order: priority 1-99, lower number = more important (default 42); among equal priorities
-   the earliest submitted (smallest ``position``) goes first. :func:`queue_order` returns
-   that order.
+   order: priority 1-99, lower number = more important (default 42; ``sched/priority.py``
+   defines the bounds and the default); among equal priorities the earliest submitted
+   (smallest ``position``) goes first. :func:`queue_order` returns that order.
 2. **Gang.** A job starts with all of its ``slots`` or not at all; it gets the lowest free
    slot indices. A job needing more slots than the machine has waits (it can never run;
    :func:`check_request` rejects it at submission) and blocks nobody.
@@ -83,9 +83,6 @@ from types import MappingProxyType
 
 from det_local.errors import DetLocalError
 
-DEFAULT_PRIORITY = 42
-MIN_PRIORITY = 1
-MAX_PRIORITY = 99
 MODES = ("priority", "fair_share")
 
 

@@ -157,9 +157,6 @@ class Tournament:
         i = self.trial_table.get(request_id)
         return None if i is None else self.subs[i].rung_of(request_id)
 
-    def bracket_of(self, request_id: str) -> int | None:
-        return self.trial_table.get(request_id)
-
     def snapshot(self) -> dict[str, Any]:
         return {
             "kind": "tournament",

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from det_local.errors import CheckpointError
 from det_local.store.records import CheckpointRecord
-
-_DOWNLOADABLE = ("COMPLETED", "PARTIALLY_DELETED")
+from det_local.store.states import CHECKPOINT_DOWNLOADABLE as _DOWNLOADABLE
 
 
 def download_checkpoint(ckpt: CheckpointRecord, dest: Path) -> None:

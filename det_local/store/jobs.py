@@ -1,11 +1,14 @@
 """The job queue's records: one row per schedulable job (a trial, a command, a shell...).
 
 A job is QUEUED (waiting for slots) or SCHEDULED (holding slots, its process running); a job
-that ended is DONE and kept for `job list --all` and its exit status, or CANCELED when it was
-removed from the queue before it started (no exit status). `store/states.py` holds the
-transitions allowed between them; a change that breaks them raises StateError. The
-allocation (slots, pid, the process's start time, the run id) is written before a process is
-spawned and completed after, so a restarted daemon can tell which processes are its own.
+that ended is DONE (CANCELED: removed while queued) and kept for `job list --all` and its exit
+status. The allocation (slots, pid, the process's start time, the run id) is written before a
+process is spawned and completed after, so a restarted daemon can tell which processes are its
+own.
+
+The states and the moves allowed between them are :class:`~det_local.store.states.JobState`
+and its table: a state change is one UPDATE whose WHERE clause admits only the states the move
+may start from; a move the table lacks changes nothing and raises StateError (a bug).
 
 Every user can read the database: nothing secret goes in it. The `token` and `env` columns
 are left from det-local versions that kept a trial's token and a command's environment here;
@@ -29,8 +32,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from det_local.errors import NotFoundError
-from det_local.store.states import JobState, check_job_transition, job_sources
+from det_local.errors import NotFoundError, StateError
+from det_local.store.states import JOB_ACTIVE, JOB_SOURCES, JobState, check_job_transition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -71,10 +74,12 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 """
 
-QUEUED = JobState.QUEUED.value
-SCHEDULED = JobState.SCHEDULED.value
-DONE = JobState.DONE.value
-CANCELED = JobState.CANCELED.value
+# JobState's members under the names the scheduler imports today
+QUEUED = JobState.QUEUED
+SCHEDULED = JobState.SCHEDULED
+DONE = JobState.DONE
+_STATE_OF = {s.value: s for s in JobState}  # a stored string -> its member (faster than a call)
+CANCELED = JobState.CANCELED
 ENDED = (DONE, CANCELED)
 
 _COLS = (
@@ -85,7 +90,12 @@ _COLS = (
 _LIST_COLS = _COLS
 # the scheduling pass skips argv (`get` reads the whole row when a job starts)
 _ACTIVE_COLS = _LIST_COLS.replace("ended_at, argv,", "ended_at, NULL,")
-_ACTIVE = "state IN ('QUEUED', 'SCHEDULED')"
+_ACTIVE = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(JOB_ACTIVE)))
+# a move to each state: the states it may start from (the WHERE clause of its UPDATE)
+_FROM = {
+    new: "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(old)))
+    for new, old in JOB_SOURCES.items()
+}
 _ORDER = " ORDER BY position, id"  # what the position index gives (ties: by id)
 
 
@@ -99,7 +109,7 @@ class JobRecord:
     priority: int
     position: float
     slots_needed: int
-    state: str
+    state: JobState
     experiment_id: int | None
     trial_id: int | None
     slots: list[int]
@@ -119,13 +129,25 @@ class JobRecord:
     umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
 
 
 def _real(v: Any) -> float | None:
     # REAL columns: SQLite keeps a whole number as an integer on disk and a RETURNING clause
     # hands it over as such (a SELECT gives a float)
     return None if v is None else float(v)
+
+
+def _state(value: str) -> JobState:
+    try:
+        return _STATE_OF[value]
+    except KeyError:
+        raise StateError(
+            f"a job in the database has the unknown state {value!r}; "
+            f"the states are {', '.join(_STATE_OF)}"
+        ) from None
 
 
 def _row(r: Sequence[Any]) -> JobRecord:
@@ -138,7 +160,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         priority=r[5],
         position=float(r[6]),
         slots_needed=r[7],
-        state=r[8],
+        state=_state(r[8]),
         experiment_id=r[9],
         trial_id=r[10],
         slots=json.loads(r[11]),
@@ -255,26 +277,30 @@ class JobTable:
         for r in rows:
             mirror.put(_row(r))
 
-    def _update(self, sql: str, args: Sequence[Any]) -> None:
-        """One UPDATE of the jobs table (ending in its WHERE clause), mirrored."""
+    def _update(self, sql: str, args: Sequence[Any]) -> int:
+        """One UPDATE of the jobs table (ending in its WHERE clause), mirrored; returns the
+        number of rows it changed."""
         if self._mirror is None:
-            self.conn.execute(sql, args)
-            return
-        self._changed(self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall())
+            return self.conn.execute(sql, args).rowcount
+        rows = self.conn.execute(f"{sql} RETURNING {_ACTIVE_COLS}", args).fetchall()
+        self._changed(rows)
+        return len(rows)
 
     def _move(self, job_id: int, new: JobState, sets: str, args: Sequence[Any]) -> None:
-        """Change a job's state (and the columns ``sets`` names) as the transition table
-        allows: StateError (NotFoundError) when the job is in no state it may leave for
-        ``new`` (does not exist). The check is the UPDATE's own WHERE clause: no extra read."""
-        sources = sorted(s.value for s in job_sources(new))
-        rows = self.conn.execute(
-            f"UPDATE jobs SET state=?, {sets} WHERE id=?"
-            f" AND state IN ({','.join('?' * len(sources))}) RETURNING {_ACTIVE_COLS}",
-            (new.value, *args, job_id, *sources),
-        ).fetchall()
-        if not rows:
-            check_job_transition(job_id, self.get(job_id).state, new)
-        self._changed(rows)
+        """Put the job in state ``new`` and ``SET sets`` (its ``args``), in one UPDATE that
+        only a state the move may start from matches. A job in another state is left as it
+        is: StateError (a bug), naming both states; no such job: NotFoundError."""
+        changed = self._update(
+            f"UPDATE jobs SET state=?, {sets} WHERE id=? AND {_FROM[new]}",
+            (new.value, *args, job_id),
+        )
+        if changed:
+            return
+        r = self.conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if r is None:
+            raise NotFoundError(f"job {job_id} not found; `det-local job list` shows the queue")
+        check_job_transition(job_id, _state(r[0]), new)
+        raise AssertionError(f"job {job_id}: moving to {new.value} changed no row")
 
     def create(
         self,

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from det_local.store.states import State
+from det_local.store.states import CheckpointState, State
 
 
 def json_safe(value: Any) -> Any:
@@ -64,7 +64,9 @@ class TrialRecord:
         return json_safe(d)
 
 
-CHECKPOINT_DELETED = "DELETED"  # its files removed by checkpoint GC; the record stays
+# its files removed by checkpoint GC (or its trial); the record stays. The name checkpoint GC
+# and the engine import today (CheckpointState.DELETED)
+CHECKPOINT_DELETED = CheckpointState.DELETED
 
 
 @dataclass
@@ -73,14 +75,18 @@ class CheckpointRecord:
     experiment_id: int
     trial_id: int
     steps_completed: int
-    state: str
+    # a CheckpointState as read from the store (``| str`` while the trial server still passes
+    # the string "COMPLETED", which CheckpointState.COMPLETED equals)
+    state: CheckpointState | str
     path: str
     metadata: dict[str, Any]
     resources: dict[str, int]
     created_at: float
 
     def to_json(self) -> dict[str, Any]:
-        return json_safe(asdict(self))
+        d = asdict(self)
+        d["state"] = str(self.state)  # the member's value (CheckpointState.__str__)
+        return json_safe(d)
 
 
 @dataclass
