@@ -1,6 +1,7 @@
 """The typed values a Trainer.fit() passes around: what fit() was asked (FitSettings), the
 loop's counters as trial_state.pkl holds them (TrialState), what every part of the loop shares
-(TrialEnv), and the interface the loop saves and loads checkpoints through (Checkpointer)."""
+(TrialEnv), and the interfaces of the loop's parts that differ by kind of trial (Step,
+Checkpointer)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,12 @@ class ShouldExit(Exception):
     def __init__(self, skip_exit_checkpoint: bool = False) -> None:
         super().__init__()
         self.skip_exit_checkpoint = skip_exit_checkpoint
+
+
+class Step(Protocol):
+    """One training batch of the trial: its metrics (values may stay on the device)."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]: ...
 
 
 class Checkpointer(Protocol):

@@ -36,7 +36,7 @@ from det_local.trial import InvalidHP
 from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._errors import InvalidTrialError, MetricError, NonFiniteLossError
 from det_local.trial.pytorch._evaluate import Evaluator
-from det_local.trial.pytorch._fit import Checkpointer, ShouldExit, TrialEnv, TrialState
+from det_local.trial.pytorch._fit import Checkpointer, ShouldExit, Step, TrialEnv, TrialState
 from det_local.trial.pytorch._metrics import (
     MetricsBuffer,
     average_across_ranks,
@@ -52,11 +52,10 @@ logger = logging.getLogger("determined.pytorch")
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-    """What one kind of trial (PyTorchTrial, DeepSpeedTrial) plugs into the loop. `step` has
-    train_batch(batch, epoch_idx, batch_idx) -> metrics dict."""
+    """What one kind of trial (PyTorchTrial, DeepSpeedTrial) plugs into the loop."""
 
     env: TrialEnv
-    step: Any
+    step: Step
     data: TrainingData
     evaluator: Evaluator
     checkpointer: Checkpointer
@@ -274,7 +273,7 @@ class TrialController:
                         boundary.limit_reached = True
                 elif unit.should_stop(batch_idx + 1):
                     boundary.limit_reached = True
-                if boundary.kind is Kind.TRAIN and test_mode:
+                if test_mode and boundary.kind is Kind.TRAIN:
                     boundary.limit_reached = True
                 reached = reached or boundary.limit_reached
             if reached or (self.stop_check_per_batch and self._stop_wanted()):
