@@ -3,10 +3,6 @@ DataLoader and samplers, reducers, callbacks, LR schedulers and checkpoint loadi
 
 from det_local.trial.pytorch import samplers
 from det_local.trial.pytorch._callback import PyTorchCallback
-from det_local.trial.pytorch._checkpoint import (
-    CheckpointLoadContext,
-    load_trial_from_checkpoint_path,
-)
 from det_local.trial.pytorch._context import PyTorchTrialContext
 from det_local.trial.pytorch._data import (
     DataLoader,
@@ -21,9 +17,12 @@ from det_local.trial.pytorch._errors import (
     NonFiniteLossError,
 )
 from det_local.trial.pytorch._experimental import PyTorchExperimentalContext
+from det_local.trial.pytorch._init import init
+from det_local.trial.pytorch._load_context import CheckpointLoadContext
+from det_local.trial.pytorch._load_trial import load_trial_from_checkpoint_path
 from det_local.trial.pytorch._lr_scheduler import LRScheduler
 from det_local.trial.pytorch._reducer import MetricReducer, Reducer
-from det_local.trial.pytorch._trainer import Trainer, init
+from det_local.trial.pytorch._trainer import Trainer
 from det_local.trial.pytorch._trial import PyTorchTrial
 from det_local.trial.pytorch._units import Batch, Epoch, TrainUnit
 

@@ -5,12 +5,13 @@ Importing it does not import DeepSpeed; building and initialising engines does."
 
 from det_local.trial.pytorch.deepspeed._config import overwrite_deepspeed_config
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
+from det_local.trial.pytorch.deepspeed._init import init
 from det_local.trial.pytorch.deepspeed._mpu import (
     ModelParallelUnit,
     make_data_parallel_mpu,
     make_deepspeed_mpu,
 )
-from det_local.trial.pytorch.deepspeed._trainer import Trainer, init
+from det_local.trial.pytorch.deepspeed._trainer import Trainer
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial
 
 __all__ = [

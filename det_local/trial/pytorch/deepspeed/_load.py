@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import CheckpointError
+from det_local.trial.pytorch._load_context import load_context_args
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
+from det_local.trial.pytorch.deepspeed._init import _local_distributed
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial, load_engine
 
 logger = logging.getLogger("determined.pytorch.deepspeed")
@@ -31,9 +33,6 @@ def checkpoint_load_context(
 ) -> DeepSpeedTrialContext:
     """The context to build a DeepSpeedTrial with, after making sure DeepSpeed has a process
     group (the launcher's world when this process runs under one, else a world of one)."""
-    from det_local.trial.pytorch._checkpoint import load_context_args
-    from det_local.trial.pytorch.deepspeed._trainer import _local_distributed
-
     _local_distributed()
     return _CheckpointLoadContext(**load_context_args(hparams, exp_conf))
 

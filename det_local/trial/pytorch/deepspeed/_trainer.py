@@ -20,154 +20,73 @@ resume); what differs, as in Determined's DeepSpeedTrialController:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
 import numbers
-import os
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from det_local import __version__
-from det_local.launch.ports import free_port
-from det_local.trial import InvalidHP
-from det_local.trial.pytorch import _checkpoint
-from det_local.trial.pytorch._callback import PyTorchCallback
 from det_local.trial.pytorch._data import DataLoader
 from det_local.trial.pytorch._errors import InvalidTrialError
+from det_local.trial.pytorch._evaluate import Evaluator
+from det_local.trial.pytorch._fit import FitSettings, TrialEnv, build_callbacks
+from det_local.trial.pytorch._loop import Parts
+from det_local.trial.pytorch._train_step import as_metrics
 from det_local.trial.pytorch._trainer import Trainer as _PyTorchTrainer
-from det_local.trial.pytorch._trainer import _ShouldExit, _TrialController, trial_context
+from det_local.trial.pytorch._training_data import TrainingData
 from det_local.trial.pytorch._trial import check_evaluate, evaluate_batch_defined
+from det_local.trial.pytorch.deepspeed._checkpointer import LOADER_BATCHES, DeepSpeedCheckpointer
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial
 
 logger = logging.getLogger("determined.pytorch.deepspeed")
 
-MANUAL_INIT_ENV = "DET_MANUAL_INIT_DISTRIBUTED"
 _DISABLE_CHECKS = "context.disable_dataset_reproducibility_checks()"
-_LOADER_BATCHES = "det_local_loader_batches"  # trial_state.pkl: loader batches drawn
 
 
-# ---------------------------------------------------------------------------- init()
-def _one_process_world(port: int | None) -> None:
-    """The variables DeepSpeed's init_distributed() reads, for a world of this process alone
-    (no launcher set them)."""
-    defaults = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "LOCAL_SIZE": "1",
-        "CROSS_RANK": "0",
-        "CROSS_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port or free_port()),
-    }
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-
-
-def _world_context() -> Any:
-    """The DistributedContext of the launcher's world, None for a world of one."""
-    from det_local.trial.core import DistributedContext
-
-    if int(os.environ.get("WORLD_SIZE") or 1) < 2:
-        return None
-    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        return DistributedContext.from_torch_distributed()  # torchrun (a legacy entrypoint)
-    return DistributedContext.from_deepspeed()
-
-
-def _init_deepspeed_distributed() -> None:
-    import deepspeed
-
-    deepspeed.init_distributed(auto_mpi_discovery=False)
-
-
-def _cluster_distributed(info: Any, given: Any) -> Any:
-    """Under det-local: DeepSpeed's process group (deepspeed.init_distributed(), unless
-    DET_MANUAL_INIT_DISTRIBUTED is set), then the launcher's DistributedContext."""
-    if os.environ.get(MANUAL_INIT_ENV):
-        if given is not None:
-            return given
-        if os.environ.get("USE_DEEPSPEED") or "WORLD_SIZE" in os.environ:
-            return _world_context()
-        if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
-            raise InvalidTrialError(
-                f"this trial has {len(info.slot_ids)} slots: launch it with "
-                "`python3 -m determined.launch.deepspeed python3 train.py` as the entrypoint"
-            )
-        return None
-    if "WORLD_SIZE" not in os.environ:
-        if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
-            raise InvalidTrialError(
-                f"this trial has {len(info.slot_ids)} slots: launch it with "
-                "`python3 -m determined.launch.deepspeed python3 train.py` as the entrypoint"
-            )
-        port = os.environ.get("C10D_PORT")
-        _one_process_world(int(port) if port and port.isdigit() else None)
-    _init_deepspeed_distributed()
-    return given if given is not None else _world_context()
-
-
-def _local_distributed() -> Any:
-    """Off-cluster: the world of the launcher that started this script (deepspeed, torchrun),
-    or a world of this process alone, in which DeepSpeed's engines can be built."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:
-            _one_process_world(None)
-        _init_deepspeed_distributed()
-    return _world_context()
-
-
-@contextlib.contextmanager
-def init(
-    *,
-    hparams: dict[str, Any] | None = None,
-    exp_conf: dict[str, Any] | None = None,
-    distributed: Any = None,
-    enable_tensorboard_logging: bool = True,
-    checkpoint_storage: str | dict[str, Any] | None = None,
-) -> Iterator[DeepSpeedTrialContext]:
-    """The DeepSpeedTrialContext for a Trainer: ``with deepspeed.init() as context:``.
-
-    Under det-local it initialises DeepSpeed's distributed backend
-    (``deepspeed.init_distributed(auto_mpi_discovery=False)``, unless the environment sets
-    DET_MANUAL_INIT_DISTRIBUTED) and uses ``DistributedContext.from_deepspeed()``; seeds the
-    RNGs with the trial seed; the config, steps completed and (when ``hparams`` is None) the
-    hyperparameters are the trial's. Off-cluster the arguments are used as given."""
-
-    def make_context(**kwargs: Any) -> DeepSpeedTrialContext:
-        return DeepSpeedTrialContext(
-            enable_tensorboard_logging=enable_tensorboard_logging, **kwargs
-        )
-
-    with trial_context(
-        make_context,
-        hparams=hparams,
-        exp_conf=exp_conf,
-        distributed=distributed,
-        checkpoint_storage=checkpoint_storage,
-        cluster_distributed=_cluster_distributed,
-        local_distributed=_local_distributed,
-    ) as context:
-        yield context
-
-
-# ---------------------------------------------------------------------------- Trainer
 class Trainer(_PyTorchTrainer):
     """Trains a DeepSpeedTrial: ``deepspeed.Trainer(trial, context).fit(max_length=...)``,
     with the arguments of pytorch.Trainer.fit()."""
 
-    def _make_controller(self, **kwargs: Any) -> _TrialController:
-        return _DeepSpeedTrialController(**kwargs)
+    def _parts(self, settings: FitSettings) -> Parts:
+        trial, context = self._trial, self._context
+        check_deepspeed_trial(trial, context)
+        env = TrialEnv(trial, context, build_callbacks(trial), settings)
+        data = DeepSpeedTrainingData(env, evaluate_batch_defined(trial, DeepSpeedTrial))
+        return Parts(
+            env=env,
+            step=DeepSpeedStep(trial, context, data),
+            data=data,
+            evaluator=DeepSpeedEvaluator(env, data),
+            checkpointer=DeepSpeedCheckpointer(env, data, self.checkpoint_timings),
+        )
+
+
+def check_deepspeed_trial(trial: Any, context: Any) -> None:
+    """The trial is a DeepSpeedTrial built with deepspeed.init()'s context, with an engine."""
+    name = type(trial).__name__
+    if not isinstance(trial, DeepSpeedTrial):
+        raise InvalidTrialError(
+            f"deepspeed.Trainer needs a DeepSpeedTrial instance, found "
+            f"{name}; subclass determined.pytorch.deepspeed.DeepSpeedTrial"
+            " (or train a PyTorchTrial with pytorch.Trainer)"
+        )
+    if not isinstance(context, DeepSpeedTrialContext):
+        raise InvalidTrialError(
+            f"deepspeed.Trainer needs the context deepspeed.init() yields, found a "
+            f"{type(context).__name__}"
+        )
+    check_evaluate(trial, DeepSpeedTrial)
+    if not context.models:
+        raise InvalidTrialError(
+            f"{name} wrapped no model engine: in {name}.__init__ write "
+            "self.engine = context.wrap_model_engine(engine) with the engine "
+            "deepspeed.initialize() returned"
+        )
 
 
 class _CountingIterator:
@@ -200,65 +119,37 @@ def _mean(values: list[Any]) -> Any:
     return values[-1]
 
 
-class _DeepSpeedTrialController(_TrialController):
-    trial: Any
-    context: Any
+class DeepSpeedTrainingData(TrainingData):
+    """A DeepSpeedTrial's loaders: built where the MPU says, sharded over the data-parallel
+    ranks; the training iterator counts the loader batches train_batch() draws, and a resumed
+    run skips the ones the checkpointed run drew."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.eval_by_batch = evaluate_batch_defined(self.trial, DeepSpeedTrial)
+    def __init__(self, env: TrialEnv, eval_by_batch: bool) -> None:
+        super().__init__(env, eval_by_batch)
         self.num_validation_batches = 0
         self.loader_skip = 0
+        self.train_iter: _CountingIterator | None = None
 
-    # ------------------------------------------------------------------ checks and data
-    def _check_trial(self) -> None:
-        if not isinstance(self.trial, DeepSpeedTrial):
-            raise InvalidTrialError(
-                f"deepspeed.Trainer needs a DeepSpeedTrial instance, found "
-                f"{type(self.trial).__name__}; subclass determined.pytorch.deepspeed.DeepSpeedTrial"
-                " (or train a PyTorchTrial with pytorch.Trainer)"
-            )
-        if not isinstance(self.context, DeepSpeedTrialContext):
-            raise InvalidTrialError(
-                f"deepspeed.Trainer needs the context deepspeed.init() yields, found a "
-                f"{type(self.context).__name__}"
-            )
-        check_evaluate(self.trial, DeepSpeedTrial)
-        if not self.context.models:
-            raise InvalidTrialError(
-                f"{self.name} wrapped no model engine: in {self.name}.__init__ write "
-                "self.engine = context.wrap_model_engine(engine) with the engine "
-                "deepspeed.initialize() returned"
-            )
-
-    def _async_checkpointing(self) -> bool:
-        return False
-
-    def _micro_batches(self) -> int:
-        """train_batch() calls per batch."""
-        ctx = self.context
-        if ctx.use_pipeline_parallel or ctx._manual_grad_accumulation:
-            return 1
-        return int(ctx.get_num_micro_batches_per_slot())
-
-    def _data_skip(self, start: int, saved: dict[str, Any] | None) -> int:
-        drawn = (saved or {}).get(_LOADER_BATCHES)
+    def data_skip(self, start: int, saved: dict[str, Any] | None) -> int:
+        drawn = (saved or {}).get(LOADER_BATCHES)
+        context = self.env.context
         if isinstance(drawn, int) and drawn >= 0:
             self.loader_skip = drawn
         else:  # a checkpoint det-local did not write: assume whole batches of micro-batches
-            per_batch = 1 if self.context._manual_grad_accumulation else None
-            self.loader_skip = start * (per_batch or self.context.get_num_micro_batches_per_slot())
+            per_batch = 1 if context._manual_grad_accumulation else None
+            self.loader_skip = start * (per_batch or context.get_num_micro_batches_per_slot())
         return self.loader_skip
 
-    def _start_iterators(self, start: int) -> None:
+    def start(self, start: int) -> None:
         if self.training_loader is None:
             self.train_iter = None
         else:
             self.train_iter = _CountingIterator(iter(self.training_loader), self.loader_skip)
         self.train_enum = ((idx, None) for idx in itertools.count(start))
 
-    def _set_data_loaders(self, skip: int) -> None:
-        ctx = self.context
+    def set_loaders(self, skip: int) -> None:
+        env = self.env
+        ctx = env.context
         mpu = ctx._mpu
         replicas, rank = mpu.data_parallel_world_size, mpu.data_parallel_rank
         checks_off = ctx._data_repro_checks_disabled
@@ -267,15 +158,13 @@ class _DeepSpeedTrialController(_TrialController):
         train_len: int | None = None
         val_len: int | None = None
         if mpu.should_build_data_loader:
-            train_data = self._set_training_loader(
-                skip, replicas, rank, checks_off, _DISABLE_CHECKS
-            )
+            train_data = self.set_training_loader(skip, replicas, rank, checks_off, _DISABLE_CHECKS)
             if not isinstance(train_data, DataLoader):  # allowed: reproducibility checks off
                 logger.warning(
-                    f"{self.name}.build_training_data_loader() returned a "
+                    f"{env.name}.build_training_data_loader() returned a "
                     f"{type(train_data).__name__}: make sure it repeats indefinitely"
                 )
-            self._set_validation_loader(replicas, rank, checks_off, _DISABLE_CHECKS)
+            self.set_validation_loader(replicas, rank, checks_off, _DISABLE_CHECKS)
             try:
                 train_len = len(self.training_loader)
             except TypeError:
@@ -284,7 +173,7 @@ class _DeepSpeedTrialController(_TrialController):
                 val_len = len(self.validation_loader)
                 if ctx.use_pipeline_parallel:
                     val_len //= ctx.get_num_micro_batches_per_slot()
-        lengths = self.dist.allgather((train_len, val_len))
+        lengths = env.dist.allgather((train_len, val_len))
         train_lens = [t for t, _ in lengths if t is not None]
         val_lens = [v for _, v in lengths if v is not None]
         if not train_lens:
@@ -292,7 +181,7 @@ class _DeepSpeedTrialController(_TrialController):
                 "no rank built a training data loader: the MPU's should_build_data_loader is "
                 "False everywhere"
             )
-        if min(train_lens) != max(train_lens) and self.is_chief:
+        if min(train_lens) != max(train_lens) and env.is_chief:
             logger.warning(
                 "the training loaders have different lengths on different ranks; epochs use "
                 "the shortest"
@@ -304,22 +193,39 @@ class _DeepSpeedTrialController(_TrialController):
             epoch_len = max(records_per_epoch // int(ctx.models[0].train_batch_size()), 1)
         if not epoch_len:
             raise InvalidTrialError(
-                f"{self.name}.build_training_data_loader() gives {min(train_lens)} micro-batches, "
+                f"{env.name}.build_training_data_loader() gives {min(train_lens)} micro-batches, "
                 f"fewer than gradient_accumulation_steps ({ctx.get_num_micro_batches_per_slot()})"
                 ": not one batch per epoch; use more data or a smaller micro-batch size"
             )
         ctx._epoch_len = epoch_len
         self.num_validation_batches = min(val_lens) if val_lens else 0
 
-    # ------------------------------------------------------------------ training
-    def _train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+
+class DeepSpeedStep:
+    """train_batch(None, epoch_idx, batch_idx) for a DeepSpeedTrial: the trial's train_batch()
+    over the training iterator, once per micro-batch unless the engine accumulates itself."""
+
+    def __init__(self, trial: Any, context: Any, data: DeepSpeedTrainingData) -> None:
+        self.trial = trial
+        self.context = context
+        self.data = data
+        self.name = type(trial).__name__
+
+    def _micro_batches(self) -> int:
+        """train_batch() calls per batch."""
+        ctx = self.context
+        if ctx.use_pipeline_parallel or ctx._manual_grad_accumulation:
+            return 1
+        return int(ctx.get_num_micro_batches_per_slot())
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         ctx = self.context
         ctx._loss_ids = {}
         calls = self._micro_batches()
         rows: list[dict[str, Any]] = []
         for _ in range(calls):
             try:
-                out = self.trial.train_batch(self.train_iter, epoch_idx, batch_idx)
+                out = self.trial.train_batch(self.data.train_iter, epoch_idx, batch_idx)
             except StopIteration:
                 raise InvalidTrialError(
                     f"{self.name}.train_batch(): the training data ran out at batch {batch_idx}; "
@@ -328,16 +234,7 @@ class _DeepSpeedTrialController(_TrialController):
                 ) from None
             if not ctx._mpu.should_report_metrics:
                 continue
-            if isinstance(out, torch.Tensor) or (
-                isinstance(out, numbers.Number) and not isinstance(out, bool)
-            ):
-                out = {"loss": out}
-            elif not isinstance(out, dict):
-                raise InvalidTrialError(
-                    f"{self.name}.train_batch() returned a {type(out).__name__}; return the loss "
-                    "(a tensor or number) or a dict of metrics such as {'loss': loss}"
-                )
-            rows.append(out)
+            rows.append(as_metrics(out, self.name))
         if ctx.profiler is not None:
             ctx.profiler.step()
         engine = ctx.models[0]
@@ -364,131 +261,41 @@ class _DeepSpeedTrialController(_TrialController):
         keys = list(rows[0])
         return {k: _mean([r[k] for r in rows if k in r]) for k in keys}
 
-    # ------------------------------------------------------------------ validation
-    def _evaluate_batches(self) -> tuple[list[dict[str, Any]], list[str], int]:
-        it = iter(self.validation_loader) if self.validation_loader is not None else None
+
+class DeepSpeedEvaluator(Evaluator):
+    """evaluate_batch() gets an iterator over the validation loader, called
+    num_validation_batches times."""
+
+    data: DeepSpeedTrainingData
+
+    def __init__(self, env: TrialEnv, data: DeepSpeedTrainingData) -> None:
+        super().__init__(env, data)
+
+    def evaluate_batches(self) -> tuple[list[dict[str, Any]], list[str], int]:
+        env, data = self.env, self.data
+        context = env.context
+        it = iter(data.validation_loader) if data.validation_loader is not None else None
         keys: Any = None
         rows: list[dict[str, Any]] = []
         records = 0
-        micro = self.context.get_train_micro_batch_size_per_gpu()
+        micro = context.get_train_micro_batch_size_per_gpu()
         per_call = micro * (
-            self.context.get_num_micro_batches_per_slot()
-            if self.context.use_pipeline_parallel
-            else 1
+            context.get_num_micro_batches_per_slot() if context.use_pipeline_parallel else 1
         )
-        for idx in range(self.num_validation_batches):
-            out = self.trial.evaluate_batch(it, idx)
+        for idx in range(data.num_validation_batches):
+            out = env.trial.evaluate_batch(it, idx)
             records += per_call
-            if self.context._mpu.should_report_metrics:
-                keys = self._check_eval_row(out, idx, keys)
+            if context._mpu.should_report_metrics:
+                keys = self.check_row(out, idx, keys)
                 rows.append(
                     {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
                 )
-            if self.test_mode:
+            if env.settings.test_mode:
                 break
-        names = [k for k in self.dist.allgather(list(keys) if keys is not None else None) if k]
+        names = [k for k in env.dist.allgather(list(keys) if keys is not None else None) if k]
         if not names:
             raise InvalidTrialError(
-                f"{self.name}.build_validation_data_loader() gave no batches; validation needs "
+                f"{env.name}.build_validation_data_loader() gave no batches; validation needs "
                 "at least one"
             )
         return rows, list(names[0]), records
-
-    # ------------------------------------------------------------------ checkpoints
-    def _loader_batches(self) -> int:
-        drawn = self.train_iter.drawn if self.train_iter is not None else None
-        counts = [c for c in self.dist.allgather(drawn) if c is not None]
-        return max(counts) if counts else 0
-
-    def _checkpoint(self, already_exiting: bool) -> None:
-        if self.is_chief:
-            self.core.train.set_status("checkpointing")
-        self.state.last_ckpt = self.state.batches_trained
-        started = time.perf_counter()
-        metadata = {
-            "determined_version": __version__,
-            "steps_completed": self.state.batches_trained,
-            "framework": f"torch-{torch.__version__}",
-            "format": "pickle",
-        }
-        trial_state = dict(vars(self.state))
-        trial_state[_LOADER_BATCHES] = self._loader_batches()
-        try:
-            with self.core.checkpoint.store_path(metadata, shard=True) as (path, uuid):
-                self._save(Path(path), trial_state)
-            if self.is_chief:
-                self.checkpoint_timings.append(
-                    {
-                        "uuid": uuid,
-                        "steps_completed": self.state.batches_trained,
-                        "async": False,
-                        "block_ms": (time.perf_counter() - started) * 1000,
-                    }
-                )
-            uuid = self.dist.broadcast(str(uuid))
-            for cb in self.callbacks.values():
-                cb.on_checkpoint_upload_end(uuid=uuid)
-        except InvalidHP:
-            if not already_exiting:
-                from det_local.trial.core import EarlyExitReason
-
-                self.core.train.report_early_exit(EarlyExitReason.INVALID_HP)
-                raise _ShouldExit(skip_exit_checkpoint=True) from None
-            raise
-
-    def _save(self, path: Path, trial_state: dict[str, Any]) -> None:
-        """This rank's part of the checkpoint in `path` (the chief's includes the trial's
-        files)."""
-        state: dict[str, Any] = {
-            "rng_state": _checkpoint.capture_rng(self.context.device),
-            "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
-        }
-        extra = self._det_local_state()
-        if extra:
-            state["det_local"] = extra
-        for cb in self.callbacks.values():
-            cb.on_checkpoint_save_start(state)
-        _checkpoint.torch_save(state, path / f"det_state_dict_rank{self.dist.rank}.pth")
-        self.trial.save(self.context, path)
-        if self.is_chief:
-            storage = getattr(self.core.checkpoint, "_storage", None)
-            _checkpoint.write_code(path, [storage] if storage is not None else [])
-            _checkpoint.write_trial_files(
-                path,
-                trial_state=trial_state,
-                load_data=_checkpoint.load_data_of(self.context, self.trial, "DeepSpeedTrial"),
-            )
-        for cb in self.callbacks.values():
-            cb.on_checkpoint_end(str(path))
-        if self.is_chief:
-            for cb in self.callbacks.values():
-                cb.on_checkpoint_write_end(str(path))
-
-    def _load(self, ckpt_dir: Any, uuid: str, saved: dict[str, Any] | None) -> None:
-        where = f"checkpoint {uuid}"
-        own = Path(ckpt_dir) / f"det_state_dict_rank{self.dist.rank}.pth"
-        state: dict[str, Any] = {}
-        if own.exists():
-            state = _checkpoint.load_dict_file(
-                own, where, lambda p: torch.load(p, map_location="cpu", weights_only=False)
-            )
-        else:
-            logger.warning(
-                f"{where} has no det_state_dict_rank{self.dist.rank}.pth (written by fewer "
-                "ranks?): this rank's RNG and callback state start fresh"
-            )
-        for cb in self.callbacks.values():
-            cb.on_checkpoint_load_start(state)
-        self.trial.load(self.context, Path(ckpt_dir))
-        if "rng_state" in state:
-            _checkpoint.restore_rng(state["rng_state"], self.context.device)
-        saved_callbacks = state.get("callbacks") or {}
-        for name, cb in self.callbacks.items():
-            if name in saved_callbacks:
-                cb.load_state_dict(saved_callbacks[name])
-            elif state and type(cb).load_state_dict is not PyTorchCallback.load_state_dict:
-                logger.warning(
-                    f"callback '{name}' implements load_state_dict() but {where} holds no state "
-                    "for it: it starts fresh"
-                )
-        self._resume_state(state.get("det_local") or {}, saved)
