@@ -165,7 +165,7 @@ def _offline(paths: Paths, op: str, payload: dict[str, Any]) -> Any:
         try:
             uid = os.geteuid()
             req = Request("offline", op, user_name(uid), uid, payload, paths.queue / "offline")
-            answer = engine._apply_request(req)
+            answer = engine.apply_request(req)
         finally:
             engine.store.close()
         if answer.get("error"):
