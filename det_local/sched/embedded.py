@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError
-from det_local.sched.control import lock_free_fd
 from det_local.sched.follow import Follower, summary
 from det_local.sched.plan import allowed_submitter_vars
+from det_local.sched.requester import lock_free_fd
 from det_local.store.paths import Paths
 from det_local.store.states import State
 
@@ -108,7 +108,7 @@ def run_experiment(
         return int(engine.submit(cfg, context_dir, source, test_mode=test_mode, env=env))
 
     def remote(p: Paths) -> int:
-        from det_local.sched.control import remote_request
+        from det_local.sched.requester import remote_request
         from det_local.sched.userfiles import current_umask
 
         payload = {
@@ -138,7 +138,7 @@ def drive(
 ) -> int:
     """Run `act(engine)` in an embedded engine (or `remote(paths)` against a live one), then
     follow the experiment it names until it stops; returns the exit code for its final state."""
-    from det_local.sched.control import retrying
+    from det_local.sched.requester import retrying
 
     def attempt() -> tuple[EngineLock | None, int | None]:
         lock = EngineLock(paths)
@@ -172,7 +172,7 @@ def drive(
 async def _embedded(
     paths: Paths, act: Callable[[Any], int], quiet: bool, announce: bool, finish: Finish
 ) -> int:
-    from det_local.sched.engine import Engine, install_interrupt
+    from det_local.sched.engine import Engine
 
     engine = Engine(paths)
     await engine.start()
@@ -234,3 +234,22 @@ def _wait_for_checkpoint_gc(store: Any, exp_id: int, timeout: float = 10.0) -> N
         except sqlite3.Error:  # a database from before checkpoint GC
             return
         time.sleep(0.05)
+
+
+def install_interrupt(engine: Any) -> None:
+    """SIGINT/SIGTERM in embedded mode: first pause, second stop now."""
+    count = 0
+    import signal
+
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        nonlocal count
+        count += 1
+        engine.interrupt(count)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
+    except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
+        pass

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from det_local.errors import DetLocalError, NotFoundError, StateError
-from det_local.sched import cgroups, unmanaged
+from det_local.errors import DetLocalError
+from det_local.sched import cgroups, expcontrol, trialexit, unmanaged
 from det_local.sched.ckpt_gc import CheckpointGC
 from det_local.sched.commands import Commands
 from det_local.sched.dispatch import apply_request
@@ -44,7 +44,6 @@ from det_local.sched.experiments import (
 from det_local.sched.inventory import LocalInventory
 from det_local.sched.jobqueue import TRIAL, JobQueue, check_priority
 from det_local.sched.launcher import LocalLauncher
-from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.sched.policy import check_request
 from det_local.sched.privatestart import prepare_private
 from det_local.sched.reports import Reports
@@ -65,7 +64,7 @@ from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.states import State
 
-__all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for", "install_interrupt"]
+__all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
 
 class Engine:
@@ -508,151 +507,10 @@ class Engine:
         self.queue.schedule()
 
     def on_trial_exit(self, run: TrialRun, code: int) -> None:
-        """The trial's process group is gone (reaped by the queue): decide what it means."""
-        for t in run.timers:
-            t.cancel()
-        for w in run.writers:
-            w.close()
-        self.runs.pop(run.trial_id, None)
-        exp = self.experiments[run.experiment_id]
-        trial = self.store.get_trial(run.trial_id)
-        max_restarts = int(exp.config.max_restarts)
-        outcome = decide(
-            ExitFacts(
-                exit_code=code,
-                kill_requested=run.kill_requested or exp.stopping == "kill",
-                pause_requested=exp.stopping in ("pause", "error"),
-                stop_requested=run.stop_requested,
-                preempt_acknowledged=run.acked,
-                invalid_hp=run.invalid_hp,
-                restarts_done=trial.restarts,
-                max_restarts=max_restarts,
-                requeue_requested=run.requeue_requested,
-            )
-        )
-        rid = run.request_id
-        tid = run.trial_id
-        if outcome not in (Outcome.REQUEUE, Outcome.RESTART):
-            self.queue.finish_trial_job(tid, code, outcome.value)
-        if outcome == Outcome.COMPLETED and (
-            self._test_mode_restore(exp, run) or self._wait_for_promotion(exp, run)
-        ):
-            pass  # it runs again (a restore test, or a promotion), or waits to be promoted
-        elif outcome in (Outcome.COMPLETED, Outcome.STOPPED):
-            self.store.set_trial_state(tid, State.COMPLETED)
-            self.apply(exp, exp.searcher.on_trial_exited(rid))
-        elif outcome == Outcome.INVALID_HP:
-            self.store.set_trial_state(tid, State.COMPLETED, "ended early: invalid hyperparameters")
-            self.apply(exp, exp.searcher.on_trial_exited_early(rid, "INVALID_HP"))
-        elif outcome == Outcome.PAUSED:
-            self.store.set_trial_state(tid, State.PAUSED)
-            self.note(
-                f"trial {tid} paused at "
-                f"steps_completed={self.store.get_trial(tid).steps_completed}",
-                experiment_id=exp.id,
-                trial_id=tid,
-            )
-        elif outcome == Outcome.REQUEUE:
-            self.enqueue_trial(exp, tid)
-        elif outcome == Outcome.CANCELED:
-            self.store.set_trial_state(tid, State.CANCELED)
-            self.apply(exp, exp.searcher.on_trial_exited_early(rid, "USER_CANCELED"))
-        elif outcome == Outcome.RESTART:
-            n = self.store.add_restart(tid)
-            self.note(
-                f"trial {tid} {describe_exit(code)}; restarting from its latest checkpoint "
-                f"(restart {n} of {max_restarts})",
-                experiment_id=exp.id,
-                trial_id=tid,
-                level="WARNING",
-            )
-            self.enqueue_trial(exp, tid)
-        else:
-            msg = (
-                f"trial {tid} {describe_exit(code)}"
-                + (
-                    f" after {trial.restarts} restart{'s' if trial.restarts > 1 else ''}"
-                    if trial.restarts
-                    else ""
-                )
-                + f"; see `det-local trial logs {tid}`"
-            )
-            self.store.set_trial_state(tid, State.ERROR, msg)
-            self.note(msg, experiment_id=exp.id, trial_id=tid, level="ERROR")
-            self.apply(exp, exp.searcher.on_trial_exited_early(rid, "ERRORED"))
-        self.maybe_finish(exp)
-        self._check_idle()
-
-    def _wait_for_promotion(self, exp: ExperimentRun, run: TrialRun) -> bool:
-        """Promotion-based ASHA (<=0.37): a trial that ran out of operations but is not closed
-        waits, without a process, until the searcher promotes it (a new operation: it resumes
-        from its checkpoint) or closes it. False when it is simply done."""
-        rid = run.request_id
-        if not exp.searcher.pauses_trials or rid in exp.closed:
-            return False
-        if exp.ops.get(rid):  # promoted while it was exiting
-            self.enqueue_trial(exp, run.trial_id)
-            return True
-        exp.waiting.add(rid)
-        self.save_searcher(exp)
-        return True
-
-    def _test_mode_restore(self, exp: ExperimentRun, run: TrialRun) -> bool:
-        """Test mode, after the first run: restore its checkpoint in a fresh process and train
-        one more batch (an operation one batch longer for Core API scripts). False when there is
-        nothing to restore, which ends the test (the report names the missing step)."""
-        from det_local.sched.testmode import restore_checkpoint
-
-        if not exp.test_mode or run.run_id != 1:
-            return False
-        ckpt = restore_checkpoint(self.store, run.trial_id)
-        if ckpt is None:
-            return False
-        exp.ops.setdefault(run.request_id, deque()).append(ckpt.steps_completed + 1)
-        self.save_searcher(exp)
-        self.enqueue_trial(exp, run.trial_id)
-        return True
+        trialexit.trial_exited(self, run, code)
 
     def maybe_finish(self, exp: ExperimentRun) -> None:
-        if any(r.experiment_id == exp.id for r in self.runs.values()):
-            return
-        if exp.stopping is None and any(
-            j.experiment_id == exp.id for j in self.store.jobs.active()
-        ):
-            return  # trials wait in the queue
-        state = self.store.get_experiment(exp.id).state
-        if exp.stopping == "kill":
-            for t in self.store.list_trials(exp.id):
-                if not t.state.terminal:
-                    self.store.set_trial_state(t.id, State.CANCELED)
-            if state != State.CANCELED:
-                self.store.set_experiment_state(exp.id, State.CANCELED)
-            exp.stopping = None
-        elif exp.stopping == "pause":
-            exp.stopping = None
-        elif exp.stopping == "error":  # the searcher could not go on (see _searcher_failed)
-            rec = self.store.get_experiment(exp.id)
-            for t in self.store.list_trials(exp.id):
-                if not t.state.terminal:
-                    self.store.set_trial_state(
-                        t.id, State.CANCELED, f"experiment failed: {rec.message}"
-                    )
-            if not state.terminal:
-                self.store.set_experiment_state(exp.id, State.ERROR)
-            exp.stopping = None
-        elif exp.shutdown is not None and state == State.ACTIVE:
-            if exp.shutdown.cancel and not exp.shutdown.failure:
-                self.store.set_experiment_state(exp.id, State.CANCELED)
-            elif exp.shutdown.failure:
-                errs = [t for t in self.store.list_trials(exp.id) if t.state == State.ERROR]
-                why = errs[0].message if errs else "every trial failed"
-                self.store.set_experiment_state(exp.id, State.ERROR, why)
-            else:
-                self.store.set_experiment_progress(exp.id, 1.0)
-                self.store.set_experiment_state(exp.id, State.COMPLETED)
-        if self.store.get_experiment(exp.id).state.terminal:
-            self.private.drop_experiment_env(exp.id)  # no trial of it starts again
-        self.gc.collect_if_ended(exp.id)  # once it has ended: checkpoint_storage save_*
+        trialexit.finish_if_done(self, exp)
 
     def preempt(self, run: TrialRun, exp: ExperimentRun) -> None:
         if run.preempt_sent:
@@ -672,88 +530,19 @@ class Engine:
         self.supervisor.terminate(run.job_id, run.pid)
 
     def pause(self, experiment_id: int) -> str:
-        unmanaged.refuse_control(self, experiment_id, "pause")
-        exp = self.experiment(experiment_id)
-        state = self.store.get_experiment(experiment_id).state
-        if state == State.PAUSED:
-            return f"experiment {experiment_id} is already paused"
-        if state != State.ACTIVE:
-            raise StateError(
-                f"experiment {experiment_id} is {state.value}; "
-                "only ACTIVE experiments can be paused"
-            )
-        self.store.set_experiment_state(experiment_id, State.PAUSED)
-        runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
-        for t in self.store.list_trials(experiment_id):
-            if t.state == State.ACTIVE and t.id not in self.runs:
-                self.queue.dequeue_trial(t.id, "experiment paused")
-                self.store.set_trial_state(t.id, State.PAUSED)
-        if runs:
-            exp.stopping = "pause"
-            for r in runs:
-                self.preempt(r, exp)
-        self.note(
-            f"experiment {experiment_id} pausing: trials checkpoint and stop"
-            if runs
-            else f"experiment {experiment_id} paused",
-            experiment_id=experiment_id,
-        )
-        self._check_idle()
-        return f"experiment {experiment_id} paused"
+        return expcontrol.pause(self, experiment_id)
 
     def activate(self, experiment_id: int) -> str:
-        unmanaged.refuse_control(self, experiment_id, "activate")
-        exp = self.experiment(experiment_id)
-        state = self.store.get_experiment(experiment_id).state
-        if state == State.ACTIVE and exp.stopping is None:
-            return f"experiment {experiment_id} is already active"
-        if state not in (State.PAUSED, State.ACTIVE):
-            raise StateError(
-                f"experiment {experiment_id} is {state.value}; "
-                "only PAUSED experiments can be activated"
-            )
-        if exp.stopping == "pause":
-            exp.stopping = None  # paused and activated before its trials stopped
-        if state == State.PAUSED:
-            self.store.set_experiment_state(experiment_id, State.ACTIVE)
-        for t in self.store.list_trials(experiment_id):
-            if t.state in (State.PAUSED, State.ACTIVE) and t.id not in self.runs:
-                self.enqueue_trial(exp, t.id)
-        self.queue.schedule()
-        self.maybe_finish(exp)
-        self._check_idle()
-        return f"experiment {experiment_id} activated"
+        return expcontrol.activate(self, experiment_id)
 
     def kill(self, experiment_id: int) -> str:
-        unmanaged.refuse_control(self, experiment_id, "kill")
-        exp = self.experiment(experiment_id)
-        state = self.store.get_experiment(experiment_id).state
-        if state.terminal:
-            return f"experiment {experiment_id} is already {state.value}"
-        exp.stopping = "kill"
-        for t in self.store.list_trials(experiment_id):
-            if t.id not in self.runs:
-                self.queue.dequeue_trial(t.id, "experiment killed")
-        runs = [r for r in self.runs.values() if r.experiment_id == experiment_id]
-        if runs:
-            self.store.set_experiment_state(experiment_id, State.STOPPING_CANCELED)
-        for r in runs:
-            r.kill_requested = True
-            self.terminate(r)
-        self.maybe_finish(exp)
-        self._check_idle()
-        return f"experiment {experiment_id} killed"
+        return expcontrol.kill(self, experiment_id)
 
     def set_labels(self, experiment_id: int, add: str | None, remove: str | None) -> str:
-        labels = set(self.store.get_experiment(experiment_id).labels)
-        if add:
-            labels.add(add)
-        if remove:
-            if remove not in labels:
-                raise NotFoundError(f"experiment {experiment_id} has no label '{remove}'")
-            labels.discard(remove)
-        self.store.set_labels(experiment_id, labels)
-        return f"experiment {experiment_id} labels: {', '.join(sorted(labels)) or '(none)'}"
+        return expcontrol.set_labels(self, experiment_id, add, remove)
+
+    def _searcher_failed(self, exp: ExperimentRun, trial_id: int, why: str) -> None:
+        expcontrol.searcher_failed(self, exp, trial_id, why)
 
     def interrupt(self, count: int) -> None:
         """Ctrl-C in embedded mode: first pause (checkpoint), then stop at once."""
@@ -768,21 +557,6 @@ class Engine:
             for run in list(self.runs.values()):
                 self.supervisor.signal(run.job_id, run.pid, signal.SIGKILL)
             self._out("det-local: stopping now; trials resume from their latest checkpoint")
-
-    def _searcher_failed(self, exp: ExperimentRun, trial_id: int, why: str) -> None:
-        """The searcher cannot go on (a report it needs is missing): the experiment ends in
-        ERROR; running trials checkpoint and stop; what they reported stays recorded."""
-        message = f"trial {trial_id}: {why}"
-        self.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
-        if self.store.get_experiment(exp.id).state == State.ACTIVE:
-            self.store.set_experiment_state(exp.id, State.STOPPING_ERROR, message)
-        exp.stopping = "error"
-        for t in self.store.list_trials(exp.id):
-            if t.id not in self.runs:
-                self.queue.dequeue_trial(t.id, "experiment failed")
-        for r in [r for r in self.runs.values() if r.experiment_id == exp.id]:
-            self.preempt(r, exp)
-        self.maybe_finish(exp)
 
     # ================================================================== queue and commands
     def update_job(
@@ -855,20 +629,3 @@ class Engine:
             return False
         unmanaged.on_end(self, run, msg)
         return True
-
-
-def install_interrupt(engine: Engine) -> None:
-    """SIGINT/SIGTERM in embedded mode: first pause, second stop now."""
-    count = 0
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        nonlocal count
-        count += 1
-        engine.interrupt(count)
-
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_signal)
-        loop.add_signal_handler(signal.SIGTERM, on_signal)
-    except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
-        pass
