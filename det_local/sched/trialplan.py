@@ -90,12 +90,10 @@ def build_trial_plan(
         user=facts.user,
         extra=extra,
     )
-    for name, value in (shown or {}).items():
-        if name in env:
-            env[name] = value
+    env.update(shown or {})
     return LaunchPlan(
         argv=entrypoint_argv(
-            config["entrypoint"], facts.context, slots_per_trial=facts.slots_per_trial
+            config.get("entrypoint") or "", facts.context, slots_per_trial=facts.slots_per_trial
         ),
         env=env,
         cwd=str(facts.context),
