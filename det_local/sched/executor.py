@@ -371,10 +371,6 @@ def signal_group(pid: int, sig: int) -> bool:
         return False
 
 
-def terminate_group(pid: int) -> None:
-    signal_group(pid, signal.SIGTERM)
-
-
 def kill_group(pid: int) -> None:
     signal_group(pid, signal.SIGKILL)
 
