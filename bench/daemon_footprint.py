@@ -60,7 +60,6 @@ def populate(home: str, n: int) -> None:
 
     p = Paths(Path(home)).ensure()
     store = Store(p.db)
-    env = dict(os.environ)
     with store.transaction():
         for i in range(n):
             store.jobs.create(
@@ -72,7 +71,6 @@ def populate(home: str, n: int) -> None:
                 slots_needed=1,
                 argv=["python3", "eval.py", "--shard", str(i)],
                 cwd="/tmp",
-                env=env,
             )
     store.close()
 

@@ -85,34 +85,9 @@ def control_job(op: str, payload: dict[str, object]) -> Any:
 
 def follow_command(job_id: int, poll: float = 0.05, p: Paths | None = None) -> int:
     """Stream a command's output until it ends; returns its exit status (1 if unknown)."""
-    import codecs
-    import sys
+    from det_local.sched.follow import follow_command as follow
 
-    from det_local.store.jobs import ENDED
-    from det_local.store.logtail import LogTail, follow
-
-    p = p or paths()
-    tail = LogTail(p.command_log(job_id), lines=False)  # partial lines too: prompts, progress
-    text = codecs.getincrementaldecoder("utf-8")("replace")
-    job = None
-
-    def write(data: bytes) -> None:
-        sys.stdout.write(text.decode(data))
-        sys.stdout.flush()
-
-    def done() -> bool:
-        nonlocal job
-        store = open_store(p)
-        try:
-            job = store.jobs.get(job_id)
-        finally:
-            store.close()
-        return job.state in ENDED
-
-    follow(lambda: tail.pump(write), done, poll=poll)
-    write(b"")
-    assert job is not None
-    return command_exit_status(job)
+    return follow(p or paths(), job_id, poll)
 
 
 def trial_logs(
@@ -154,14 +129,10 @@ def trial_logs(
 
 
 def command_exit_status(job: Any) -> int:
-    """The exit status for an ended command's job, as a shell reports it (128+N for a signal;
-    1, with its message on stderr, when it has none: it never started, or was canceled)."""
-    import sys
+    """The exit status for an ended command's job, as a shell reports it."""
+    from det_local.sched.follow import command_exit_status as status
 
-    if job.message and job.exit_code is None:
-        print(f"det-local: {job.message}", file=sys.stderr)
-    code = job.exit_code
-    return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+    return status(job)
 
 
 def ranked_trials(store: Store, experiment_id: int) -> list[Any]:

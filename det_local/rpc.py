@@ -4,32 +4,34 @@ A frame is a 4-byte big-endian length followed by one msgpack map. Every map has
 naming its type. Requests that expect an answer carry ``id``; the answer is a ``reply`` frame
 with the same ``id`` and either ``value`` or ``error`` (a one-line message).
 
-Trial -> daemon
-    hello        {token, trial_id, run_id, rank}                 (request) first frame
-    metrics      {reports: [[group, steps_completed, metrics, time, batch_metrics], ...]}
-    progress     {progress}
-    checkpoint   {uuid, steps_completed, metadata, resources}    (request) durable on reply
-    ckpt_delete  {uuid}                                          (request)
-    ckpt_get     {uuid}                                          (request) -> record or None
-    early_exit   {reason}                                        (request)
-    best_val     {}                                              (request) -> float | None
-    last_val     {}                                              (request) -> steps | None
-    op_next      {}                                              (request) -> length | None
-    op_done      {length, metric}                                (request)
-    out_of_ops   {}                                              (request)
-    preempt_ack  {}                                              (request)
-    status       {status}
-    bye          {}                                              (request) reporting is done
-
-Client (CLI) -> daemon
-    control      {op, experiment_id, ...}                        (request) pause, activate,
-                                                                 kill, label_*, submit
+Trial -> daemon (one handler each in ``sched/trialmessages.py``'s ``MESSAGES``)
+    hello         {token, trial_id, run_id, rank, pid, [unmanaged]}  (request) first frame
+    metrics       {reports: [[group, steps_completed, metrics, time, batch_metrics], ...]}
+    progress      {progress}
+    status        {status}
+    ckpt_begin    {uuid}                                 (request) before its directory exists
+    checkpoint    {uuid, path, steps_completed, metadata, resources}  (request) durable on reply
+    ckpt_delete   {uuid}                                            (request)
+    ckpt_get      {uuid}                                            (request) -> record | None
+    early_exit    {reason}                                          (request)
+    best_val      {}                                                (request) -> float | None
+    last_val      {}                                                (request) -> steps | None
+    op_next       {}                                                (request) -> length | None
+    op_done       {length, metric}                                  (request)
+    out_of_ops    {}                                                (request)
+    preempt_ack   {}                                                (request)
+    bye           {}                                                (request) reporting is done
+    unmanaged_end {state: COMPLETED | ERROR, message}  (request) a core_v2 process ends its trial
 
 Daemon -> trial
-    reply        {id, value | error}
-    preempt      {}                                              should_preempt() turns True
+    hello         {preempt} | {error, [retry]}                      the answer to hello
+    reply         {id, value | error}
+    preempt       {}                                                should_preempt() turns True
 
-A trial's session is an allocation's authority, not a pipe (``sched/trialsocket.py``): hello must
+Clients (the CLI, the Python API) never use the socket: they submit and control through spool
+files (``sched/spool.py``).
+
+A trial's session is an allocation's authority, not a pipe (``sched/trialserver.py``): hello must
 come first, within HELLO_TIMEOUT, in a frame of at most HELLO_MAX_FRAME bytes, and binds the
 connection to one run of one trial (its token and its process's uid); every later frame is at
 most SESSION_MAX_FRAME bytes (the trial side splits metric batches to fit) and acts on that run

@@ -415,11 +415,11 @@ def test_the_engine_removes_files_off_its_event_loop(
         payload = {"argv": ["true"], "cwd": "/", "env": {"PATH": "/bin:/usr/bin"}, "slots": 1}
         job_id = spool.request(paths, "cmd_run", payload, timeout=30)
         assert isinstance(job_id, int)
-        assert reader.get_checkpoint_gc(exp) is None and exp in engine.gc_running
+        assert reader.get_checkpoint_gc(exp) is None and exp in engine.gc.running
         gate.set()
         wait_for(lambda: reader.get_checkpoint_gc(exp) == GC_DONE, what="GC recorded done")
         assert [Path(c.path).exists() for c in ckpts] == [False, False, True]
-        assert exp not in engine.gc_running
+        assert exp not in engine.gc.running
         reader.close()
     finally:
         gate.set()

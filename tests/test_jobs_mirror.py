@@ -206,13 +206,13 @@ def test_a_request_rolled_back_leaves_no_trace_in_the_copy(
 
         monkeypatch.setattr(engine.store.jobs, "record_request", disk_full)
         with pytest.raises(sqlite3.OperationalError):
-            engine._apply_and_record(req)
+            engine.spool.apply_and_record(req)
         assert not engine.store.conn.in_transaction
         check(engine.store)
         assert [j.id for j in engine.store.jobs.active()] == [kept]
         monkeypatch.undo()
         # tried again later: applied once
-        answer = engine._apply_and_record(req)
+        answer = engine.spool.apply_and_record(req)
         check(engine.store)
         assert [j.id for j in engine.store.jobs.active()] == [kept, answer["value"]]
     finally:

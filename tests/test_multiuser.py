@@ -334,7 +334,7 @@ def test_checkpoint_gc_removes_files_with_the_owners_rights(accounts: None) -> N
     """A root daemon removes a user's checkpoints with that user's rights (in a child process:
     the engine's own ids never change): what the user may not delete stays, and says why."""
     from det_local.sched.ckpt_gc import remove_files
-    from det_local.sched.queue import _identity
+    from det_local.sched.users import identity as _identity
 
     base = Path(tempfile.mkdtemp(prefix="det-local-mu-gc-", dir="/tmp"))
     try:

@@ -214,7 +214,7 @@ def test_the_log_is_never_written_through_a_link_or_into_anothers_file(
     from det_local.errors import TrialError
     from det_local.sched import executor
     from det_local.sched.plan import LaunchPlan
-    from det_local.sched.queue import _identity
+    from det_local.sched.users import identity as _identity
 
     uid = pwd.getpwnam(A).pw_uid
     tmp_path = Path(tempfile.mkdtemp(prefix="det-local-sf-", dir="/tmp"))  # A can reach it

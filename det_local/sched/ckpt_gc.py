@@ -52,6 +52,7 @@ as work in progress (an embedded ``det-local run`` waits for it).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import shutil
@@ -59,14 +60,10 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from det_local.sched import unmanaged
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
 from det_local.store.records import CHECKPOINT_DELETED
-
-if TYPE_CHECKING:
-    from det_local.sched.engine import Engine
 
 
 # ---------------------------------------------------------------------------- the rule (pure)
@@ -345,125 +342,137 @@ def collect(
     return GcResult(plan.deleted, removed, failed, finish(store, plan, failed))
 
 
-# ---------------------------------------------------------------------------- engine hooks
-def collect_if_ended(engine: Engine, experiment_id: int) -> None:
-    """The engine's hook, called whenever an experiment may have ended: collects it once.
+# ---------------------------------------------------------------------------- in the engine
+class CheckpointGC:
+    """Checkpoint GC as the engine runs it: once per ended experiment, marks on the event loop,
+    files removed on a worker thread (see the module doc). ``identity_of(experiment_id)``: whose
+    rights its files are removed with; ``skip(experiment_id)``: experiments never collected
+    (test mode, unmanaged runs); ``on_done``: called when a pass ends (the engine's idle check).
+    """
 
-    Inside an open transaction (a spool request being applied) the marks could still roll
-    back, so GC waits for the commit (the next loop iteration); should the engine stop first,
-    the start of the next engine does it."""
-    store = engine.store
-    if experiment_id in engine.gc_running or not store.checkpoint_gc_due(experiment_id):
-        return
-    if store.conn.in_transaction:
-        if engine.loop is not None:
-            engine.loop.call_soon(_after_commit, engine, experiment_id)
-        return
-    _collect_logged(engine, experiment_id)
+    def __init__(
+        self,
+        store: Store,
+        *,
+        identity_of: Callable[[int], dict[str, Any]],
+        skip: Callable[[int], bool],
+        note: Callable[..., None],
+        out: Callable[[str], None],
+        on_done: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.identity_of = identity_of
+        self.skip = skip
+        self.note = note
+        self.out = out
+        self.on_done = on_done
+        self.running: set[int] = set()  # experiments whose checkpoint files are being removed
+        self.loop: asyncio.AbstractEventLoop | None = None
 
+    def collect_if_ended(self, experiment_id: int) -> None:
+        """Called whenever an experiment may have ended: collects it once.
 
-def _after_commit(engine: Engine, experiment_id: int) -> None:
-    try:
-        collect_if_ended(engine, experiment_id)
-    except Exception:  # e.g. the engine stopped meanwhile: the next start collects it
-        pass
-
-
-def collect_pending(engine: Engine) -> None:
-    """At engine start: every ended experiment whose GC has not run or was interrupted."""
-    for experiment_id in engine.store.checkpoint_gc_pending():
-        _collect_logged(engine, experiment_id)
-
-
-def _collect_logged(engine: Engine, experiment_id: int) -> None:
-    """Mark on the event loop (the store), remove the files on a worker thread (large
-    checkpoints take a while to delete; the engine goes on answering meanwhile), then record
-    the end of GC back on the loop. The experiment counts as work in progress until then, so
-    an embedded run waits for it."""
-    from det_local.sched.queue import _identity, _uid_of
-
-    store = engine.store
-    try:
-        rec = store.get_experiment(experiment_id)
-        snapshot = store.get_searcher_state(experiment_id) or {}
-        live = engine.experiments.get(experiment_id)
-        if (
-            snapshot.get("test_mode")
-            or (live is not None and live.test_mode)
-            or unmanaged.is_unmanaged(rec.config)  # Determined leaves those checkpoints too
-        ):
-            store.set_checkpoint_gc(experiment_id, GC_SKIPPED)
+        Inside an open transaction (a spool request being applied) the marks could still roll
+        back, so GC waits for the commit (the next loop iteration); should the engine stop
+        first, the start of the next engine does it."""
+        store = self.store
+        if experiment_id in self.running or not store.checkpoint_gc_due(experiment_id):
             return
-        identity = _identity(engine.user_ids.get(experiment_id, _uid_of(rec.user)))
-        plan = mark(store, experiment_id)
-    except Exception as err:  # GC must never take the engine down; the next start retries
-        _failed(engine, experiment_id, err)
-        return
-    loop = engine.loop
-    if loop is None or not loop.is_running() or not plan.targets:
-        try:
-            removed, failed = remove_files(plan.targets, identity)
-        except Exception as err:
-            _failed(engine, experiment_id, err)
+        if store.conn.in_transaction:
+            if self.loop is not None:
+                self.loop.call_soon(self._after_commit, experiment_id)
             return
-        _finished(engine, plan, removed, failed)
-        return
-    engine.gc_running.add(experiment_id)
-    future = loop.run_in_executor(None, remove_files, plan.targets, identity)
+        self._collect_logged(experiment_id)
 
-    def done(fut: Any) -> None:
-        engine.gc_running.discard(experiment_id)
+    def _after_commit(self, experiment_id: int) -> None:
         try:
-            removed, failed = fut.result()
-            _finished(engine, plan, removed, failed)
-        except Exception as err:  # the store closed meanwhile: the next start finishes it
-            _failed(engine, experiment_id, err)
-        try:
-            engine._check_idle()
-        except Exception:  # the engine stopped meanwhile
+            self.collect_if_ended(experiment_id)
+        except Exception:  # e.g. the engine stopped meanwhile: the next start collects it
             pass
 
-    future.add_done_callback(done)
+    def collect_pending(self) -> None:
+        """At engine start: every ended experiment whose GC has not run or was interrupted."""
+        for experiment_id in self.store.checkpoint_gc_pending():
+            self._collect_logged(experiment_id)
 
+    def _collect_logged(self, experiment_id: int) -> None:
+        """Mark on the event loop (the store), remove the files on a worker thread (large
+        checkpoints take a while to delete; the engine goes on answering meanwhile), then
+        record the end of GC back on the loop. The experiment counts as work in progress until
+        then, so an embedded run waits for it."""
+        store = self.store
+        try:
+            if self.skip(experiment_id):
+                store.set_checkpoint_gc(experiment_id, GC_SKIPPED)
+                return
+            identity = self.identity_of(experiment_id)
+            plan = mark(store, experiment_id)
+        except Exception as err:  # GC must never take the engine down; the next start retries
+            self._failed(experiment_id, err)
+            return
+        loop = self.loop
+        if loop is None or not loop.is_running() or not plan.targets:
+            try:
+                removed, failed = remove_files(plan.targets, identity)
+            except Exception as err:
+                self._failed(experiment_id, err)
+                return
+            self._finished(plan, removed, failed)
+            return
+        self.running.add(experiment_id)
+        future = loop.run_in_executor(None, remove_files, plan.targets, identity)
 
-def _failed(engine: Engine, experiment_id: int, err: BaseException) -> None:
-    message = (
-        f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
-        "it is tried again when det-local next starts"
-    )
-    try:
-        engine.note(message, experiment_id=experiment_id, level="WARNING")
-    except Exception:  # the store itself failed
-        engine._out(f"det-local: {message}")
+        def done(fut: Any) -> None:
+            self.running.discard(experiment_id)
+            try:
+                removed, failed = fut.result()
+                self._finished(plan, removed, failed)
+            except Exception as err:  # the store closed meanwhile: the next start finishes it
+                self._failed(experiment_id, err)
+            try:
+                self.on_done()
+            except Exception:  # the engine stopped meanwhile
+                pass
 
+        future.add_done_callback(done)
 
-def _finished(engine: Engine, plan: GcPlan, removed: list[str], failed: list[str]) -> None:
-    experiment_id = plan.experiment_id
-    try:
-        kept = finish(engine.store, plan, failed)
-    except Exception as err:
-        _failed(engine, experiment_id, err)
-        return
-    partial = {u for u, _ in plan.incomplete}
-    for uuid in removed:
-        if uuid in partial:
-            engine.note(
-                f"experiment {experiment_id}: checkpoint GC removed incomplete checkpoint "
-                f"{uuid} (its trial stopped while writing it)",
+    def _failed(self, experiment_id: int, err: BaseException) -> None:
+        message = (
+            f"experiment {experiment_id}: checkpoint GC failed ({err!r}); "
+            "it is tried again when det-local next starts"
+        )
+        try:
+            self.note(message, experiment_id=experiment_id, level="WARNING")
+        except Exception:  # the store itself failed
+            self.out(f"det-local: {message}")
+
+    def _finished(self, plan: GcPlan, removed: list[str], failed: list[str]) -> None:
+        experiment_id = plan.experiment_id
+        try:
+            kept = finish(self.store, plan, failed)
+        except Exception as err:
+            self._failed(experiment_id, err)
+            return
+        partial = {u for u, _ in plan.incomplete}
+        for uuid in removed:
+            if uuid in partial:
+                self.note(
+                    f"experiment {experiment_id}: checkpoint GC removed incomplete checkpoint "
+                    f"{uuid} (its trial stopped while writing it)",
+                    experiment_id=experiment_id,
+                )
+        gone = len((set(plan.deleted) | set(removed)) - partial)
+        if gone:
+            self.note(
+                f"experiment {experiment_id}: checkpoint GC deleted {gone} "
+                f"checkpoint{'s' if gone != 1 else ''}, kept {kept} "
+                "(checkpoint_storage save_experiment_best/save_trial_best/save_trial_latest)",
                 experiment_id=experiment_id,
             )
-    gone = len((set(plan.deleted) | set(removed)) - partial)
-    if gone:
-        engine.note(
-            f"experiment {experiment_id}: checkpoint GC deleted {gone} "
-            f"checkpoint{'s' if gone != 1 else ''}, kept {kept} "
-            "(checkpoint_storage save_experiment_best/save_trial_best/save_trial_latest)",
-            experiment_id=experiment_id,
-        )
-    for failure in failed:
-        engine.note(
-            f"experiment {experiment_id}: checkpoint GC could not remove checkpoint {failure}; "
-            "remove it by hand",
-            experiment_id=experiment_id,
-            level="WARNING",
-        )
+        for failure in failed:
+            self.note(
+                f"experiment {experiment_id}: checkpoint GC could not remove checkpoint "
+                f"{failure}; remove it by hand",
+                experiment_id=experiment_id,
+                level="WARNING",
+            )

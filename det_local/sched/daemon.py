@@ -51,7 +51,7 @@ def read_pid_file(paths: Paths) -> DaemonInfo | None:
 
 def running_daemon(paths: Paths) -> DaemonInfo | None:
     """The live daemon of this home, or None (a pid file whose lock is free is stale)."""
-    from det_local.sched.control import lock_free
+    from det_local.sched.requester import lock_free
 
     info = read_pid_file(paths)
     if info is None or lock_free(paths):
@@ -192,7 +192,7 @@ def start_background(paths: Paths) -> DaemonInfo:
 
 def stop(paths: Paths) -> str:
     """`det-local daemon stop`: ask the daemon to stop (jobs keep running), wait for it."""
-    from det_local.sched.control import remote_request
+    from det_local.sched.requester import remote_request
 
     info = running_daemon(paths)
     if info is None:
@@ -207,7 +207,7 @@ def stop(paths: Paths) -> str:
 
 
 def status(paths: Paths) -> dict[str, Any]:
-    from det_local.api import open_store
+    from det_local.store.db import Store
 
     info = running_daemon(paths)
     out: dict[str, Any] = {"home": str(paths.home), "running": info is not None}
@@ -226,7 +226,7 @@ def status(paths: Paths) -> dict[str, Any]:
             containment = None
         if isinstance(containment, dict):
             out["containment"] = containment
-    store = open_store(paths)
+    store = Store(paths.db, readonly=True)  # a read-only view (empty when nothing ran yet)
     jobs = store.jobs.active()
     out["queued"] = sum(j.state == "QUEUED" for j in jobs)
     out["running_jobs"] = sum(j.state == "SCHEDULED" for j in jobs)

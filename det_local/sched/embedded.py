@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError
-from det_local.sched.control import lock_free_fd
 from det_local.sched.follow import Follower, log_ends, summary
 from det_local.sched.plan import allowed_submitter_vars
+from det_local.sched.requester import lock_free_fd
 from det_local.store.paths import Paths
 from det_local.store.states import State
 
@@ -109,7 +109,7 @@ def run_experiment(
         return int(engine.submit(cfg, context_dir, source, test_mode=test_mode, env=env))
 
     def remote(p: Paths) -> int:
-        from det_local.sched.control import remote_request
+        from det_local.sched.requester import remote_request
         from det_local.sched.userfiles import current_umask
 
         payload = {
@@ -143,7 +143,7 @@ def drive(
 
     resume: the id of the experiment `act` resumes (`experiment activate`): the output its
     trials wrote before is not shown again."""
-    from det_local.sched.control import retrying
+    from det_local.sched.requester import retrying
 
     offsets: dict[int, int] = {}
 
@@ -186,7 +186,7 @@ async def _embedded(
     finish: Finish,
     resume: int | None = None,
 ) -> int:
-    from det_local.sched.engine import Engine, install_interrupt
+    from det_local.sched.engine import Engine
 
     engine = Engine(paths)
     await engine.start()
@@ -269,8 +269,8 @@ def run_command(paths: Paths, payload: dict[str, Any]) -> int:
     """`det-local cmd run -f`: queue the command and stream its output until it ends; returns
     its exit status. With no engine running, one runs in this process until the command (and
     whatever else it took on, like `det-local run`) is done."""
-    from det_local.api import follow_command
-    from det_local.sched.control import remote_request, retrying
+    from det_local.sched.follow import follow_command
+    from det_local.sched.requester import remote_request, retrying
 
     def attempt() -> tuple[EngineLock | None, int | None]:
         lock = EngineLock(paths)
@@ -283,7 +283,7 @@ def run_command(paths: Paths, payload: dict[str, Any]) -> int:
     if lock is None:
         assert job_id is not None
         print(f"Queued command {job_id}", flush=True)
-        return follow_command(job_id, p=paths)
+        return follow_command(paths, job_id)
     try:
         return asyncio.run(_embedded_command(paths, payload))
     finally:
@@ -291,27 +291,28 @@ def run_command(paths: Paths, payload: dict[str, Any]) -> int:
 
 
 async def _embedded_command(paths: Paths, payload: dict[str, Any]) -> int:
-    from det_local.api import command_exit_status
     from det_local.sched.engine import Engine
+    from det_local.sched.follow import command_exit_status
     from det_local.sched.spool import Request, user_name
     from det_local.store.jobs import ENDED
+    from det_local.store.logtail import LogTail
 
     engine = Engine(paths)
     await engine.start()
     try:
         uid = os.geteuid()
         req = Request("embedded", "cmd_run", user_name(uid), uid, payload, paths.queue / "embedded")
-        answer = engine._apply_request(req)  # the checks and the errors a daemon gives
+        answer = engine.apply_request(req)  # the checks and the errors a daemon gives
         if answer.get("error"):
             raise DetLocalError(str(answer["error"]))
         job_id = int(answer["value"])
         print(f"Queued command {job_id}", flush=True)
         leaving = _command_interrupt(engine, job_id)
-        tail = _LogTail(paths.command_log(job_id))
+        tail = LogTail(paths.command_log(job_id), lines=False)
         idle = asyncio.ensure_future(engine.wait_idle())
         try:
             while not idle.done():
-                tail.pump()
+                tail.pump(_to_stdout)
                 if leaving() and engine.store.jobs.peek(job_id).state in ENDED and not engine.runs:
                     # interrupted: its command is gone; other jobs this engine started keep
                     # running and are adopted by the next engine, queued ones wait for it
@@ -320,36 +321,21 @@ async def _embedded_command(paths: Paths, payload: dict[str, Any]) -> int:
                 await asyncio.sleep(0.05)  # a bounded tick, as `det-local run` follows a trial
         finally:
             idle.cancel()
-        tail.pump()
+        tail.pump(_to_stdout)
         return command_exit_status(engine.store.jobs.get(job_id))
     finally:
         await engine.stop()
 
 
-class _LogTail:
-    """A command's log, copied to stdout as it grows (bytes as they are: a command's output
-    need not be text, nor end its lines)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def pump(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        if data:
-            self.offset += len(data)
-            raw = getattr(sys.stdout, "buffer", None)
-            if raw is not None:
-                raw.write(data)
-                raw.flush()
-            else:  # a text-only stdout (an embedding program's)
-                sys.stdout.write(data.decode("utf-8", "replace"))
-                sys.stdout.flush()
+def _to_stdout(data: bytes) -> None:
+    """A command's output as it is (it need not be text, nor end its lines)."""
+    raw = getattr(sys.stdout, "buffer", None)
+    if raw is not None:
+        raw.write(data)
+        raw.flush()
+    else:  # a text-only stdout (an embedding program's)
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.flush()
 
 
 def _command_interrupt(engine: Any, job_id: int) -> Callable[[], bool]:
@@ -385,3 +371,22 @@ def _command_interrupt(engine: Any, job_id: int) -> Callable[[], bool]:
     except (RuntimeError, ValueError):  # not the main thread
         pass
     return lambda: count > 0
+
+
+def install_interrupt(engine: Any) -> None:
+    """SIGINT/SIGTERM in embedded mode: first pause, second stop now."""
+    count = 0
+    import signal
+
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        nonlocal count
+        count += 1
+        engine.interrupt(count)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
+    except (RuntimeError, ValueError):  # not the main thread (an embedding program's worker)
+        pass

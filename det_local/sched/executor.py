@@ -76,6 +76,7 @@ class JobProc:
     uid: int | None = None  # who may own the legacy exit file
     code: int | None = None  # the leader's exit status, once it has ended
     problem: str | None = None  # why the status could not be read (the job ends with it)
+    started: float | None = None  # the leader's start time (tells it from a reused pid)
 
 
 @contextlib.contextmanager
@@ -368,10 +369,6 @@ def signal_group(pid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def terminate_group(pid: int) -> None:
-    signal_group(pid, signal.SIGTERM)
 
 
 def kill_group(pid: int) -> None:

@@ -284,3 +284,47 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- commands
+def command_exit_status(job: Any) -> int:
+    """The exit status for an ended command's job, as a shell reports it (128+N for a signal;
+    1, with its message on stderr, when it has none: it never started, or was canceled)."""
+    import sys
+
+    if job.message and job.exit_code is None:
+        print(f"det-local: {job.message}", file=sys.stderr)
+    code = job.exit_code
+    return 1 if code is None else (code if 0 <= code < 256 else 128 + abs(code))
+
+
+def follow_command(paths: Paths, job_id: int, poll: float = 0.05) -> int:
+    """Stream a command's output to stdout until it ends (reading the store as a client);
+    returns its exit status."""
+    import codecs
+    import sys
+
+    from det_local.store.jobs import ENDED
+    from det_local.store.logtail import LogTail, follow
+
+    tail = LogTail(paths.command_log(job_id), lines=False)  # partial lines too: prompts, progress
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+    job = None
+
+    def write(data: bytes) -> None:
+        sys.stdout.write(text.decode(data))
+        sys.stdout.flush()
+
+    def done() -> bool:
+        nonlocal job
+        store = Store(paths.db, readonly=True)
+        try:
+            job = store.jobs.get(job_id)
+        finally:
+            store.close()
+        return job.state in ENDED
+
+    follow(lambda: tail.pump(write), done, poll=poll)
+    write(b"")
+    assert job is not None
+    return command_exit_status(job)

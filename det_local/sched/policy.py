@@ -14,11 +14,14 @@ Rules
 
 1. **Order (priority mode).** Queued jobs are considered in ``(priority, position, id)``
    order: priority 1-99, lower number = more important (default 42; ``sched/priority.py``
-   defines the bounds and the default); among equal priorities the earliest submitted
-   (smallest ``position``) goes first. :func:`queue_order` returns that order.
-2. **Gang.** A job starts with all of its ``slots`` or not at all; it gets the lowest free
-   slot indices. A job needing more slots than the machine has waits (it can never run;
-   :func:`check_request` rejects it at submission) and blocks nobody.
+   defines the bounds and the default); among equal priorities
+   the earliest submitted (smallest ``position``) goes first. :func:`queue_order` returns
+   that order.
+2. **Gang.** A job starts with all of its ``slots`` or not at all; it gets the first free
+   slots in ``(node, index)`` order (:class:`~det_local.sched.inventory.SlotId`; the policy
+   hands out the slot ids it is given, wherever they are). A job needing more slots than the
+   machine has waits (it can never run; :func:`check_request` rejects it at submission) and
+   blocks nobody.
 3. **Caps.** ``group_max_slots[group]`` (an experiment's ``resources.max_slots``) and
    ``user_quota[user]`` bound the slots a group / a user holds at once: running jobs
    (preempting ones included, they still hold their slots) plus jobs started in this pass. A
@@ -82,6 +85,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from det_local.errors import DetLocalError
+from det_local.sched.inventory import SlotId
 
 MODES = ("priority", "fair_share")
 
@@ -107,7 +111,7 @@ class JobView:
 @dataclass(frozen=True)
 class RunningJob:
     job: JobView
-    slots: tuple[int, ...]  # slot indices it holds
+    slots: tuple[SlotId, ...]  # the slots it holds
     preempting: bool = False  # already asked to preempt: its slots are being freed
 
 
@@ -146,7 +150,7 @@ class SortedQueue:
 
 @dataclass(frozen=True)
 class Decision:
-    start: tuple[tuple[int, tuple[int, ...]], ...]  # (job id, slot indices) to start now
+    start: tuple[tuple[int, tuple[SlotId, ...]], ...]  # (job id, its slots) to start now
     preempt: tuple[int, ...]  # running job ids to ask to preempt now
     waiting: Mapping[int, str]  # queued job id -> why it waits
     # False: a SortedQueue was read only in part (rule 9); the jobs not in `waiting` wait too
@@ -271,7 +275,7 @@ class _Pass:
     def __init__(
         self,
         total_slots: int,
-        free: Sequence[int],
+        free: Sequence[SlotId],
         running: Sequence[RunningJob],
         cfg: PolicyConfig,
     ) -> None:
@@ -289,7 +293,7 @@ class _Pass:
             self.user_used[r.job.user] = self.user_used.get(r.job.user, 0) + n
             if r.preempting:
                 self.pending += n
-        self.start: list[tuple[int, tuple[int, ...]]] = []
+        self.start: list[tuple[int, tuple[SlotId, ...]]] = []
         self.preempt: list[int] = []
         self.waiting: dict[int, str] = {}
         self.barrier: JobView | None = None  # first job blocked for lack of slots
@@ -452,7 +456,7 @@ class _FairPass(_Pass):
     def __init__(
         self,
         total_slots: int,
-        free: Sequence[int],
+        free: Sequence[SlotId],
         running: Sequence[RunningJob],
         queued: Sequence[JobView],
         cfg: PolicyConfig,
@@ -540,7 +544,7 @@ class _FairPass(_Pass):
 
 def schedule(
     total_slots: int,
-    free: Sequence[int],
+    free: Sequence[SlotId],
     running: Sequence[RunningJob],
     queued: Sequence[JobView] | SortedQueue,
     cfg: PolicyConfig,

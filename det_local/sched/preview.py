@@ -1,5 +1,6 @@
 """What `config check` shows: the filled-in config, the search plan (how many trials the
-searcher creates: ASHA brackets and rungs, grid axes) and the first trial's launch plan."""
+searcher creates: ASHA brackets and rungs, grid axes) and the first trial's launch plan, built
+by the function the engine launches with (`sched/trialplan.py`), on this machine's slots."""
 
 from __future__ import annotations
 
@@ -9,22 +10,23 @@ from typing import Any
 
 from det_local.errors import NotSupportedYet
 from det_local.launch.ports import PORT_VARS
-from det_local.sched.plan import (
-    allowed_submitter_vars,
-    base_env,
-    check_entrypoint,
-    config_env_vars,
-    entrypoint_argv,
-    thread_env,
-    trial_env,
-    trial_extra,
-)
+from det_local.sched.plan import allowed_submitter_vars, check_entrypoint, entrypoint_argv
 from det_local.store.db import current_user
 from det_local.store.paths import Paths
+
+SHOWN = {
+    **{name: "<a free port>" for name in PORT_VARS},  # chosen when the trial starts
+    "DET_LOCAL_TOKEN": "<per-run token>",
+}
 
 
 def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     from det_local.config import load_config
+    from det_local.sched import slots, users
+    from det_local.sched.experiments import checkpoint_dir_for
+    from det_local.sched.settings import load_settings
+    from det_local.sched.trialplan import TrialFacts, build_trial_plan
+    from det_local.sched.userfiles import current_umask
     from det_local.search import make_searcher, plan
     from det_local.search.actions import Create
 
@@ -38,7 +40,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         check_entrypoint(cfg.entrypoint, context, str(config_path))
     try:
         searcher = make_searcher(cfg)
-        argv = entrypoint_argv(
+        entrypoint_argv(
             cfg.entrypoint or "", context, slots_per_trial=int(cfg.resources.slots_per_trial)
         )
     except NotSupportedYet as err:  # valid for Determined, not runnable by this version yet
@@ -46,43 +48,36 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
-    # the environment a launch gives: this user's allow-listed variables (as a submission
-    # would send them), the config's, det-local's; never anything else of this environment
-    base = base_env(allowed_submitter_vars(os.environ), os.getuid())
-    env = trial_env(
-        base=base,
-        experiment_id=0,
-        trial_id=0,
-        run_id=1,
-        seed=first.seed,
-        hparams=first.hparams,
-        config=config,
-        steps_completed=0,
-        latest_checkpoint=None,
-        slots=[],
-        socket_path=str(paths.socket),
-        token="<per-run token>",
-        info_dir=str(paths.trial_info_dir(0, 0, 1)),
-        checkpoint_dir=str(paths.checkpoints),
-        user=current_user(),
-        extra=trial_extra(
-            config,
-            base=base,
-            home=str(paths.home),
-            threads=None,
-            visible_devices="<the trial's slots>",
-            ports={name: "<a free port>" for name in PORT_VARS},
-            test_mode=False,
-        )
-        # on CPU slots only (the daemon's inventory decides): OMP_NUM_THREADS, the mark
-        + [
-            f"{item.partition('=')[0]}=<on CPU slots only: {value}>"
-            for item, value in zip(
-                thread_env(0, base, config_env_vars(config)),
-                ("the trial's share of the cores", "1"),
-                strict=False,
-            )
-        ],
+    # this machine's slots, as the engine sees them: the first trial on an idle machine
+    inventory = slots.discover(cpu_slots=load_settings(paths.settings).cpu_slots)
+    need = int(cfg.resources.slots_per_trial)
+    uid = os.getuid()
+    launch = build_trial_plan(
+        TrialFacts(
+            experiment_id=0,
+            trial_id=0,
+            run_id=1,
+            seed=first.seed,
+            hparams=first.hparams,
+            config=config,
+            context=context,
+            steps_completed=0,
+            latest_checkpoint=None,
+            slots=list(range(min(need, inventory.size()))),
+            token="",
+            user=current_user(),
+            uid=uid,
+            umask=current_umask(),
+            checkpoint_dir=checkpoint_dir_for(paths, config),
+            slots_per_trial=need,
+            # the environment a launch gives: this user's allow-listed variables (as a
+            # submission would send them), the config's, det-local's; nothing else of this one
+            captured_env=allowed_submitter_vars(os.environ),
+            identity=users.identity(uid),
+        ),
+        paths,
+        inventory,
+        shown=SHOWN,
     )
     search = plan(cfg)
     return {
@@ -95,10 +90,11 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
             "initial_trials": len(creates),
             "search": search,
             "slots_per_trial": cfg.resources.slots_per_trial,
-            "argv": argv,
+            "slots": launch.slots,
+            "argv": launch.argv,
             "cwd": "<snapshot of " + str(context) + ">",
             "hparams": first.hparams,
             "seed": first.seed,
-            "env": env,
+            "env": launch.env,
         },
     }

@@ -26,15 +26,19 @@ import secrets
 import shlex
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError, StateError
+from det_local.sched.experiments import ExperimentRun, TrialRun
 from det_local.store.states import State
 
 if TYPE_CHECKING:
     import asyncio
 
-    from det_local.sched.engine import Engine, TrialRun
+    from det_local.sched.settings import DaemonSettings
+    from det_local.search.actions import Action
+    from det_local.store.db import Store
+    from det_local.store.paths import Paths
 
 OP = "unmanaged"  # the spool request
 END = "unmanaged_end"  # the socket message that ends the trial
@@ -60,6 +64,37 @@ def mark(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "internal": internal}
 
 
+class Engine(Protocol):
+    """What unmanaged runs need of the engine."""
+
+    store: Store
+    paths: Paths
+    settings: DaemonSettings
+    loop: asyncio.AbstractEventLoop | None
+    unmanaged: dict[int, TrialRun]  # trial id -> its run, until it ends
+
+    def note(
+        self,
+        message: str,
+        *,
+        experiment_id: int | None = None,
+        trial_id: int | None = None,
+        level: str = "INFO",
+    ) -> None: ...
+
+    def add_experiment(self, exp: ExperimentRun, uid: int) -> None: ...
+
+    def experiment(self, experiment_id: int) -> ExperimentRun: ...
+
+    def owner_uid(self, experiment_id: int) -> int | None: ...
+
+    def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
+
+    def save_searcher(self, exp: ExperimentRun) -> None: ...
+
+    def check_idle(self) -> None: ...
+
+
 # ---------------------------------------------------------------------- the request
 def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> dict[str, Any]:
     """Record the experiment and its trial, register the run awaiting its hello, write the
@@ -67,14 +102,9 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     from det_local.config import parse_config
     from det_local.config.limits import check_config_value
     from det_local.sched import userfiles
-    from det_local.sched.engine import (
-        ExperimentRun,
-        TrialRun,
-        _share_with,
-        _write_info,
-        checkpoint_dir_for,
-    )
-    from det_local.sched.queue import _identity
+    from det_local.sched.experiments import checkpoint_dir_for
+    from det_local.sched.trialstart import share_with, write_info
+    from det_local.sched.users import identity
     from det_local.search import make_searcher
     from det_local.search.actions import Create, ValidateAfter
     from det_local.trial.info import ClusterInfo, TrialInfo
@@ -108,9 +138,8 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
     exp.trial_of[create.request_id] = trial_id
     exp.request_of[trial_id] = create.request_id
     exp.ops[create.request_id] = deque(a.length for a in actions if isinstance(a, ValidateAfter))
-    engine.experiments[exp_id] = exp
-    engine.user_ids[exp_id] = uid
-    engine.store.set_searcher_state(exp_id, engine._searcher_snapshot(exp))
+    engine.add_experiment(exp, uid)
+    engine.save_searcher(exp)
     run_id = engine.store.next_trial_run(trial_id)
 
     info_dir = engine.paths.trial_info_dir(exp_id, trial_id, run_id)
@@ -134,11 +163,11 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
         ),
         user_data=config.get("data") or {},
     )
-    identity = _identity(uid)
+    ids = identity(uid)
     # the run directory is the process's user's (it writes TensorBoard files there)
-    _write_info(info, info_dir, userfiles.owner_for(identity, None, engine.settings.admin_group))
-    if identity and exp.checkpoint_dir == engine.paths.checkpoints:
-        _share_with(exp.checkpoint_dir)
+    write_info(info, info_dir, userfiles.owner_for(ids, None, engine.settings.admin_group))
+    if ids and exp.checkpoint_dir == engine.paths.checkpoints:
+        share_with(exp.checkpoint_dir)
 
     token = secrets.token_hex(32)
     token_file = write_token(engine, trial_id, run_id, token, uid)
@@ -152,7 +181,7 @@ def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> di
         experiment_id=exp_id,
         trial_id=trial_id,
     )
-    engine._check_idle()
+    engine.check_idle()
     return {
         "experiment_id": exp_id,
         "trial_id": trial_id,
@@ -207,14 +236,15 @@ def _remove_token(engine: Engine, run: TrialRun) -> None:
 # ---------------------------------------------------------------------- the socket
 def hello(engine: Engine, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
     """An unmanaged process connects: its token, and its peer uid (SO_PEERCRED), must match."""
-    from det_local.sched.trialsocket import _write
+    from det_local.sched.trialserver import peer_creds
+    from det_local.sched.trialserver import send as _write
 
     run = engine.unmanaged.get(_int(msg.get("trial_id")))
     if run is None or not secrets.compare_digest(str(msg.get("token", "")), run.token):
         _write(writer, {"t": "hello", "error": "unknown trial or wrong token"})
         return None
-    owner = engine.user_ids.get(run.experiment_id)
-    pid, uid = _peer_creds(writer.get_extra_info("socket"))
+    owner = engine.owner_uid(run.experiment_id)
+    pid, uid = peer_creds(writer.get_extra_info("socket"))
     if uid is None or (uid != owner and uid != os.geteuid()):
         engine.note(
             f"refused a connection for unmanaged trial {run.trial_id} from uid {uid}: "
@@ -278,13 +308,13 @@ def end(engine: Engine, run: TrialRun, state: State, message: str | None) -> Non
     for t in run.timers:
         t.cancel()
     _remove_token(engine, run)
-    exp = engine.experiments[run.experiment_id]
+    exp = engine.experiment(run.experiment_id)
     engine.store.set_trial_state(run.trial_id, state, message)
     if state == State.COMPLETED:
         actions = exp.searcher.on_trial_exited(run.request_id)
     else:
         actions = exp.searcher.on_trial_exited_early(run.request_id, "ERRORED")
-    engine._apply(exp, actions)
+    engine.apply(exp, actions)
     engine.note(
         f"experiment {exp.id}: unmanaged trial {run.trial_id} ended {state.value}"
         + (f": {message}" if message else ""),
@@ -292,7 +322,7 @@ def end(engine: Engine, run: TrialRun, state: State, message: str | None) -> Non
         trial_id=run.trial_id,
         level="INFO" if state == State.COMPLETED else "ERROR",
     )
-    engine._check_idle()
+    engine.check_idle()
 
 
 # ---------------------------------------------------------------------- elsewhere
@@ -318,7 +348,7 @@ def settle_after_restart(engine: Engine, experiment_id: int) -> bool:
     rec = engine.store.get_experiment(experiment_id)
     if not is_unmanaged(rec.config):
         return False
-    exp = engine._exp(experiment_id)
+    exp = engine.experiment(experiment_id)
     for t in engine.store.list_trials(experiment_id):
         if t.state.terminal:
             continue
@@ -330,7 +360,7 @@ def settle_after_restart(engine: Engine, experiment_id: int) -> bool:
         )
         rid = exp.request_of.get(t.id)
         if rid is not None:
-            engine._apply(exp, exp.searcher.on_trial_exited_early(rid, "ERRORED"))
+            engine.apply(exp, exp.searcher.on_trial_exited_early(rid, "ERRORED"))
     if not engine.store.get_experiment(experiment_id).state.terminal:
         engine.store.set_experiment_state(experiment_id, State.ERROR)
     return True
@@ -341,16 +371,3 @@ def _int(value: Any) -> int:
         return int(value)
     except (TypeError, ValueError):
         return -1
-
-
-def _peer_creds(sock: Any) -> tuple[int | None, int | None]:
-    """(pid, uid) of a unix socket's peer, from the kernel (SO_PEERCRED)."""
-    import socket
-    import struct
-
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (AttributeError, OSError):
-        return None, None
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return int(pid), int(uid)

@@ -1,0 +1,135 @@
+"""The restart rules: what an engine does at start with the work an earlier one left.
+
+After a restart (even kill -9), nothing queued is lost, nothing runs twice, no slot is booked
+twice:
+
+* **running** (a job recorded SCHEDULED): its run is adopted when its leader is still the
+  same process (pid and start time) and watched like a spawned one; an experiment that was
+  being paused or killed goes on pausing or being killed. A run found dead is settled from its
+  exit record: a trial's exit is decided as if it had been watched, a command ends with its
+  status; whatever it left in its cgroup is killed first;
+* **half-applied** (allocated, its process maybe never started): a wrapper found by its exit
+  file is recorded and adopted; one never started is queued again, in its place;
+  a trial whose status was lost is queued again to resume from its latest checkpoint;
+* **queued**: stays queued, in its order (the job table is durable); an ACTIVE trial with no
+  job (a crash between the two commits) is queued;
+* **unmanaged** (core_v2) runs lost their process's connection: they end ERROR.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from det_local.sched import unmanaged
+from det_local.sched.commands import Commands
+from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.jobqueue import TRIAL
+from det_local.sched.launcher import Lost
+from det_local.sched.supervisor import Supervisor
+from det_local.store.jobs import SCHEDULED, JobRecord
+from det_local.store.states import State
+
+
+class Restarting(unmanaged.Engine, Protocol):
+    """What the restart needs of the engine."""
+
+    experiments: dict[int, ExperimentRun]
+    runs: dict[int, TrialRun]
+    supervisor: Supervisor
+    commands: Commands
+
+    def adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun: ...
+
+    def on_trial_exit(self, run: TrialRun, code: int) -> None: ...
+
+    def maybe_finish(self, exp: ExperimentRun) -> None: ...
+
+    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
+
+    def preempt(self, run: TrialRun, exp: ExperimentRun) -> None: ...
+
+    def terminate(self, run: TrialRun) -> None: ...
+
+
+def recover(engine: Restarting) -> None:
+    """Adopt live runs, settle dead ones, keep the queue (the rules in the module doc)."""
+    store = engine.store
+    for rec in store.list_experiments(states=[State.ACTIVE, State.STOPPING_CANCELED]):
+        engine.experiment(rec.id)
+    for rec in store.list_experiments(states=[State.PAUSED, State.STOPPING_PAUSED]):
+        if rec.state == State.STOPPING_PAUSED or any(
+            j.experiment_id == rec.id and j.state == SCHEDULED for j in store.jobs.active()
+        ):
+            # PAUSED (from STOPPING_PAUSED) once its trials have exited
+            engine.experiment(rec.id).stopping = "pause"
+    settled: list[tuple[JobRecord, Lost]] = []
+    live: set[str] = set()
+    for job in store.jobs.active():
+        if job.state != SCHEDULED:
+            continue
+        job, found = engine.supervisor.adopt(job)
+        if not isinstance(found, Lost):
+            _adopted(engine, job)
+            live.add(engine.supervisor.run_key(job))
+        elif found.at_once:  # it died while being adopted
+            _settle_lost(engine, job, found)
+        else:
+            settled.append((job, found))
+    for job, lost in settled:
+        _settle_lost(engine, job, lost)
+    engine.supervisor.cleanup(live)  # what runs that ended meanwhile left behind
+    for exp in list(engine.experiments.values()):
+        state = store.get_experiment(exp.id).state
+        if state == State.STOPPING_CANCELED:
+            exp.stopping = "kill"
+        if state != State.ACTIVE:
+            engine.maybe_finish(exp)
+            continue
+        if unmanaged.settle_after_restart(engine, exp.id):
+            continue  # its process (not ours) lost the engine: nothing to start
+        for t in store.list_trials(exp.id):  # a crash between a trial and its job
+            if t.state == State.ACTIVE and store.jobs.for_trial(t.id) is None:
+                engine.enqueue_trial(exp, t.id)
+
+
+def _adopted(engine: Restarting, job: JobRecord) -> None:
+    if job.kind == TRIAL:
+        assert job.experiment_id is not None and job.trial_id is not None
+        engine.adopt_trial(engine.experiment(job.experiment_id), job)
+    engine.note(f"adopted {job.kind.lower()} job {job.id} (pid {job.pid}) still running")
+    if job.kind == TRIAL and job.experiment_id is not None:
+        exp = engine.experiments[job.experiment_id]
+        run = engine.runs.get(job.trial_id or -1)
+        if run is not None and exp.stopping in ("pause", "kill"):
+            if exp.stopping == "kill":
+                run.kill_requested = True
+                engine.terminate(run)
+            else:
+                engine.preempt(run, exp)
+
+
+def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
+    """A job whose process ended while no engine watched it (lost.spawned False: whose
+    process never started; lost.problem: why its exit record was refused)."""
+    if lost.problem is not None:
+        engine.note(f"job {job.id}: {lost.problem}", level="WARNING")
+    if job.kind != TRIAL:
+        engine.commands.settle_lost(job, lost.code, lost.spawned, lost.problem)
+        return
+    assert job.experiment_id is not None and job.trial_id is not None
+    exp = engine.experiment(job.experiment_id)
+    if not lost.spawned or lost.code is None:
+        # never started, or its status is lost: run it again from its latest checkpoint
+        engine.store.jobs.requeue(job.id)
+        engine.note(
+            f"trial {job.trial_id} "
+            + ("never started" if not lost.spawned else "ended while the daemon was down")
+            + "; queued again to resume from its latest checkpoint"
+            + (f" (its exit status is unknown: {lost.problem})" if lost.problem else ""),
+            experiment_id=exp.id,
+            trial_id=job.trial_id,
+            level="WARNING",
+        )
+        return
+    run = engine.adopt_trial(exp, job)
+    engine.on_trial_exit(run, lost.code)

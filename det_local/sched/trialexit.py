@@ -1,0 +1,201 @@
+"""What a trial's exit means, and when an experiment is over.
+
+:func:`trial_exited` is called once a trial's run is wholly gone (the supervisor reaped it,
+or a restart found it ended): `sched/outcome.py` decides the outcome from the facts (exit code,
+what was asked of the run, restarts left), and this module applies it: the trial's state, its
+job, the searcher's answer, a requeue or a restart from its latest checkpoint.
+:func:`finish_if_done` ends an experiment whose work is over (completed, canceled, failed) and
+hands it to checkpoint GC.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from det_local.sched.ckpt_gc import CheckpointGC
+from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.jobqueue import JobQueue
+from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
+from det_local.search.actions import Action
+from det_local.store.db import Store
+from det_local.store.private import PrivateFiles
+from det_local.store.states import State
+
+
+class Host(Protocol):
+    """What a trial's exit needs of the engine."""
+
+    store: Store
+    private: PrivateFiles
+    queue: JobQueue
+    gc: CheckpointGC
+    experiments: dict[int, ExperimentRun]
+    runs: dict[int, TrialRun]
+
+    def note(
+        self,
+        message: str,
+        *,
+        experiment_id: int | None = None,
+        trial_id: int | None = None,
+        level: str = "INFO",
+    ) -> None: ...
+
+    def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
+
+    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
+
+    def save_searcher(self, exp: ExperimentRun) -> None: ...
+
+    def check_idle(self) -> None: ...
+
+
+def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
+    """The trial's process group is gone (reaped by the queue): decide what it means."""
+    for t in run.timers:
+        t.cancel()
+    for w in run.writers:
+        w.close()
+    engine.runs.pop(run.trial_id, None)
+    exp = engine.experiments[run.experiment_id]
+    trial = engine.store.get_trial(run.trial_id)
+    max_restarts = int(exp.config.max_restarts)
+    outcome = decide(
+        ExitFacts(
+            exit_code=code,
+            kill_requested=run.kill_requested or exp.stopping == "kill",
+            pause_requested=exp.stopping in ("pause", "error"),
+            stop_requested=run.stop_requested,
+            preempt_acknowledged=run.acked,
+            invalid_hp=run.invalid_hp,
+            restarts_done=trial.restarts,
+            max_restarts=max_restarts,
+            requeue_requested=run.requeue_requested,
+        )
+    )
+    rid = run.request_id
+    tid = run.trial_id
+    if outcome not in (Outcome.REQUEUE, Outcome.RESTART):
+        engine.queue.finish_trial_job(tid, code, outcome.value)
+    if outcome == Outcome.COMPLETED and (
+        _test_mode_restore(engine, exp, run) or _wait_for_promotion(engine, exp, run)
+    ):
+        pass  # it runs again (a restore test, or a promotion), or waits to be promoted
+    elif outcome in (Outcome.COMPLETED, Outcome.STOPPED):
+        engine.store.set_trial_state(tid, State.COMPLETED)
+        engine.apply(exp, exp.searcher.on_trial_exited(rid))
+    elif outcome == Outcome.INVALID_HP:
+        engine.store.set_trial_state(tid, State.COMPLETED, "ended early: invalid hyperparameters")
+        engine.apply(exp, exp.searcher.on_trial_exited_early(rid, "INVALID_HP"))
+    elif outcome == Outcome.PAUSED:
+        engine.store.set_trial_state(tid, State.PAUSED)
+        engine.note(
+            f"trial {tid} paused at steps_completed={engine.store.get_trial(tid).steps_completed}",
+            experiment_id=exp.id,
+            trial_id=tid,
+        )
+    elif outcome == Outcome.REQUEUE:
+        engine.enqueue_trial(exp, tid)
+    elif outcome == Outcome.CANCELED:
+        engine.store.set_trial_state(tid, State.CANCELED)
+        engine.apply(exp, exp.searcher.on_trial_exited_early(rid, "USER_CANCELED"))
+    elif outcome == Outcome.RESTART:
+        n = engine.store.add_restart(tid)
+        engine.note(
+            f"trial {tid} {describe_exit(code)}; restarting from its latest checkpoint "
+            f"(restart {n} of {max_restarts})",
+            experiment_id=exp.id,
+            trial_id=tid,
+            level="WARNING",
+        )
+        engine.enqueue_trial(exp, tid)
+    else:
+        msg = (
+            f"trial {tid} {describe_exit(code)}"
+            + (
+                f" after {trial.restarts} restart{'s' if trial.restarts > 1 else ''}"
+                if trial.restarts
+                else ""
+            )
+            + f"; see `det-local trial logs {tid}`"
+        )
+        engine.store.set_trial_state(tid, State.ERROR, msg)
+        engine.note(msg, experiment_id=exp.id, trial_id=tid, level="ERROR")
+        engine.apply(exp, exp.searcher.on_trial_exited_early(rid, "ERRORED"))
+    finish_if_done(engine, exp)
+    engine.check_idle()
+
+
+def _wait_for_promotion(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool:
+    """Promotion-based ASHA (<=0.37): a trial that ran out of operations but is not closed
+    waits, without a process, until the searcher promotes it (a new operation: it resumes
+    from its checkpoint) or closes it. False when it is simply done."""
+    rid = run.request_id
+    if not exp.searcher.pauses_trials or rid in exp.closed:
+        return False
+    if exp.ops.get(rid):  # promoted while it was exiting
+        engine.enqueue_trial(exp, run.trial_id)
+        return True
+    exp.waiting.add(rid)
+    engine.save_searcher(exp)
+    return True
+
+
+def _test_mode_restore(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool:
+    """Test mode, after the first run: restore its checkpoint in a fresh process and train
+    one more batch (an operation one batch longer for Core API scripts). False when there is
+    nothing to restore, which ends the test (the report names the missing step)."""
+    from det_local.sched.testmode import restore_checkpoint
+
+    if not exp.test_mode or run.run_id != 1:
+        return False
+    ckpt = restore_checkpoint(engine.store, run.trial_id)
+    if ckpt is None:
+        return False
+    exp.ops.setdefault(run.request_id, deque()).append(ckpt.steps_completed + 1)
+    engine.save_searcher(exp)
+    engine.enqueue_trial(exp, run.trial_id)
+    return True
+
+
+def finish_if_done(engine: Host, exp: ExperimentRun) -> None:
+    if any(r.experiment_id == exp.id for r in engine.runs.values()):
+        return
+    if exp.stopping is None and any(j.experiment_id == exp.id for j in engine.store.jobs.active()):
+        return  # trials wait in the queue
+    state = engine.store.get_experiment(exp.id).state
+    if exp.stopping == "kill":
+        for t in engine.store.list_trials(exp.id):
+            if not t.state.terminal:
+                engine.store.set_trial_state(t.id, State.CANCELED)
+        if state != State.CANCELED:
+            engine.store.set_experiment_state(exp.id, State.CANCELED)
+        exp.stopping = None
+    elif exp.stopping == "pause":
+        if state == State.STOPPING_PAUSED:  # its last trial process is gone
+            engine.store.set_experiment_state(exp.id, State.PAUSED)
+        exp.stopping = None
+    elif exp.stopping == "error":  # the searcher could not go on (see _searcher_failed)
+        rec = engine.store.get_experiment(exp.id)
+        for t in engine.store.list_trials(exp.id):
+            if not t.state.terminal:
+                engine.store.set_trial_state(
+                    t.id, State.CANCELED, f"experiment failed: {rec.message}"
+                )
+        if not state.terminal:
+            engine.store.set_experiment_state(exp.id, State.ERROR)
+        exp.stopping = None
+    elif exp.shutdown is not None and state == State.ACTIVE:
+        if exp.shutdown.cancel and not exp.shutdown.failure:
+            engine.store.set_experiment_state(exp.id, State.CANCELED)
+        elif exp.shutdown.failure:
+            errs = [t for t in engine.store.list_trials(exp.id) if t.state == State.ERROR]
+            why = errs[0].message if errs else "every trial failed"
+            engine.store.set_experiment_state(exp.id, State.ERROR, why)
+        else:
+            engine.store.set_experiment_progress(exp.id, 1.0)
+            engine.store.set_experiment_state(exp.id, State.COMPLETED)
+    if engine.store.get_experiment(exp.id).state.terminal:
+        engine.private.drop_experiment_env(exp.id)  # no trial of it starts again
+    engine.gc.collect_if_ended(exp.id)  # once it has ended: checkpoint_storage save_*
