@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import det_local
 
 ROOT = Path(det_local.__file__).resolve().parent
