@@ -8,9 +8,9 @@ from typing import Protocol
 
 from det_local.errors import NotFoundError, StateError
 from det_local.sched import unmanaged
-from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
 from det_local.sched.jobqueue import JobQueue
-from det_local.store.states import State
+from det_local.store.states import State, Stopping
 
 
 class Host(unmanaged.Engine, Protocol):
@@ -49,7 +49,7 @@ def pause(engine: Host, experiment_id: int) -> str:
             engine.queue.dequeue_trial(t.id, "experiment paused")
             engine.store.set_trial_state(t.id, State.PAUSED)
     if runs:
-        exp.stopping = "pause"
+        set_stopping(exp, Stopping.PAUSE)
         for r in runs:
             engine.preempt(r, exp)
     engine.note(
@@ -72,8 +72,8 @@ def activate(engine: Host, experiment_id: int) -> str:
         raise StateError(
             f"experiment {experiment_id} is {state.value}; only PAUSED experiments can be activated"
         )
-    if exp.stopping == "pause":
-        exp.stopping = None  # paused and activated before its trials stopped
+    if exp.stopping == Stopping.PAUSE:
+        set_stopping(exp, None)  # paused and activated before its trials stopped
     if state in (State.PAUSED, State.STOPPING_PAUSED):
         engine.store.set_experiment_state(experiment_id, State.ACTIVE)
     for t in engine.store.list_trials(experiment_id):
@@ -91,7 +91,7 @@ def kill(engine: Host, experiment_id: int) -> str:
     state = engine.store.get_experiment(experiment_id).state
     if state.terminal:
         return f"experiment {experiment_id} is already {state.value}"
-    exp.stopping = "kill"
+    set_stopping(exp, Stopping.KILL)
     for t in engine.store.list_trials(experiment_id):
         if t.id not in engine.runs:
             engine.queue.dequeue_trial(t.id, "experiment killed", cancel=True)
@@ -125,7 +125,8 @@ def searcher_failed(engine: Host, exp: ExperimentRun, trial_id: int, why: str) -
     engine.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
     if engine.store.get_experiment(exp.id).state == State.ACTIVE:
         engine.store.set_experiment_state(exp.id, State.STOPPING_ERROR, message)
-    exp.stopping = "error"
+    if exp.stopping != Stopping.KILL:  # a kill outranks a failure: it still ends CANCELED
+        set_stopping(exp, Stopping.ERROR)
     for t in engine.store.list_trials(exp.id):
         if t.id not in engine.runs:
             engine.queue.dequeue_trial(t.id, "experiment failed")

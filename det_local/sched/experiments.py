@@ -20,6 +20,7 @@ from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Shutdown
 from det_local.store.db import Store
 from det_local.store.paths import Paths
+from det_local.store.states import Stopping, check_stopping
 
 
 @dataclass
@@ -54,12 +55,19 @@ class ExperimentRun:
     request_of: dict[int, str] = field(default_factory=dict)
     ops: dict[str, deque[int]] = field(default_factory=dict)
     closed: set[str] = field(default_factory=set)
-    stopping: str | None = None  # "pause" | "kill" | "error"
+    stopping: Stopping | None = None  # why its running trials are being stopped (None: not)
     shutdown: Shutdown | None = None
     best: float | None = None
     progress: dict[int, float] = field(default_factory=dict)
     test_mode: bool = False  # `run --test`: one batch, validate, checkpoint, then a restore run
     waiting: set[str] = field(default_factory=set)  # promotion ASHA: out of ops, may be promoted
+
+
+def set_stopping(exp: ExperimentRun, reason: Stopping | None) -> None:
+    """Change why the experiment's running trials are being stopped, as the Stopping table
+    allows (a kill outranks a pause or a failure; nothing outranks a kill)."""
+    check_stopping(exp.id, exp.stopping, reason)
+    exp.stopping = reason
 
 
 def checkpoint_dir_for(paths: Paths, config: dict[str, Any]) -> Path:

@@ -22,12 +22,12 @@ from typing import Protocol
 
 from det_local.sched import unmanaged
 from det_local.sched.commands import Commands
-from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
 from det_local.sched.jobqueue import TRIAL
 from det_local.sched.launcher import Lost
 from det_local.sched.supervisor import Supervisor
 from det_local.store.jobs import SCHEDULED, JobRecord
-from det_local.store.states import State
+from det_local.store.states import State, Stopping
 
 
 class Restarting(unmanaged.Engine, Protocol):
@@ -61,7 +61,7 @@ def recover(engine: Restarting) -> None:
             j.experiment_id == rec.id and j.state == SCHEDULED for j in store.jobs.active()
         ):
             # PAUSED (from STOPPING_PAUSED) once its trials have exited
-            engine.experiment(rec.id).stopping = "pause"
+            set_stopping(engine.experiment(rec.id), Stopping.PAUSE)
     settled: list[tuple[JobRecord, Lost]] = []
     live: set[str] = set()
     for job in store.jobs.active():
@@ -81,7 +81,7 @@ def recover(engine: Restarting) -> None:
     for exp in list(engine.experiments.values()):
         state = store.get_experiment(exp.id).state
         if state == State.STOPPING_CANCELED:
-            exp.stopping = "kill"
+            set_stopping(exp, Stopping.KILL)
         if state != State.ACTIVE:
             engine.maybe_finish(exp)
             continue
@@ -100,8 +100,8 @@ def _adopted(engine: Restarting, job: JobRecord) -> None:
     if job.kind == TRIAL and job.experiment_id is not None:
         exp = engine.experiments[job.experiment_id]
         run = engine.runs.get(job.trial_id or -1)
-        if run is not None and exp.stopping in ("pause", "kill"):
-            if exp.stopping == "kill":
+        if run is not None and exp.stopping in (Stopping.PAUSE, Stopping.KILL):
+            if exp.stopping == Stopping.KILL:
                 run.kill_requested = True
                 engine.terminate(run)
             else:

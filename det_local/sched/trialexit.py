@@ -14,13 +14,13 @@ from collections import deque
 from typing import Protocol
 
 from det_local.sched.ckpt_gc import CheckpointGC
-from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
 from det_local.sched.jobqueue import JobQueue
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.search.actions import Action
 from det_local.store.db import Store
 from det_local.store.private import PrivateFiles
-from det_local.store.states import State
+from det_local.store.states import State, Stopping
 
 
 class Host(Protocol):
@@ -64,8 +64,8 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
     outcome = decide(
         ExitFacts(
             exit_code=code,
-            kill_requested=run.kill_requested or exp.stopping == "kill",
-            pause_requested=exp.stopping in ("pause", "error"),
+            kill_requested=run.kill_requested or exp.stopping == Stopping.KILL,
+            pause_requested=exp.stopping in (Stopping.PAUSE, Stopping.ERROR),
             stop_requested=run.stop_requested,
             preempt_acknowledged=run.acked,
             invalid_hp=run.invalid_hp,
@@ -165,18 +165,18 @@ def finish_if_done(engine: Host, exp: ExperimentRun) -> None:
     if exp.stopping is None and any(j.experiment_id == exp.id for j in engine.store.jobs.active()):
         return  # trials wait in the queue
     state = engine.store.get_experiment(exp.id).state
-    if exp.stopping == "kill":
+    if exp.stopping == Stopping.KILL:
         for t in engine.store.list_trials(exp.id):
             if not t.state.terminal:
                 engine.store.set_trial_state(t.id, State.CANCELED)
         if state != State.CANCELED:
             engine.store.set_experiment_state(exp.id, State.CANCELED)
-        exp.stopping = None
-    elif exp.stopping == "pause":
+        set_stopping(exp, None)
+    elif exp.stopping == Stopping.PAUSE:
         if state == State.STOPPING_PAUSED:  # its last trial process is gone
             engine.store.set_experiment_state(exp.id, State.PAUSED)
-        exp.stopping = None
-    elif exp.stopping == "error":  # the searcher could not go on (see _searcher_failed)
+        set_stopping(exp, None)
+    elif exp.stopping == Stopping.ERROR:  # the searcher could not go on (see _searcher_failed)
         rec = engine.store.get_experiment(exp.id)
         for t in engine.store.list_trials(exp.id):
             if not t.state.terminal:
@@ -185,7 +185,7 @@ def finish_if_done(engine: Host, exp: ExperimentRun) -> None:
                 )
         if not state.terminal:
             engine.store.set_experiment_state(exp.id, State.ERROR)
-        exp.stopping = None
+        set_stopping(exp, None)
     elif exp.shutdown is not None and state == State.ACTIVE:
         if exp.shutdown.cancel and not exp.shutdown.failure:
             engine.store.set_experiment_state(exp.id, State.CANCELED)
