@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,19 +27,16 @@ from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.keys import KeyError_, read_key
+from det_local.federate.localsocket import ClusterSocket
 from det_local.federate.settings import FederationSettings, load
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
-    PRE_AUTH_MAX,
     Me,
     PeerHello,
     Refused,
     Session,
     client_handshake,
-    decode,
     duplicate_message,
-    plain,
-    read_frame,
     server_handshake,
 )
 from det_local.sched.extensions import EngineView
@@ -53,7 +48,6 @@ DEAD_S = 5.0
 REATTACH_S = 10.0
 PEERS_EVERY_S = 5.0
 MAX_UNAUTHENTICATED = 16
-MAX_LOCAL_CONNECTIONS = 32
 DIAL_TIMEOUT_S = 3.0
 QUERY_TIMEOUT_S = 3.0
 REDIAL_MIN_S = 0.5
@@ -126,7 +120,6 @@ class Federation:
         self.discovery: Any = None
         self.address = ""
         self._unauth = 0
-        self._local_conns = 0
         self._own_nonces: set[bytes] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -141,15 +134,15 @@ class Federation:
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
         try:
-            self.local = await asyncio.start_unix_server(self._on_local, path=str(sock))
+            self.local = await asyncio.start_unix_server(ClusterSocket(self).serve, path=str(sock))
             os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
         except OSError as err:
             self.view.log(f"federation: no cluster socket at {sock} ({err.strerror})")
-        await self._begin()
+        await self.begin()
 
     async def stop(self) -> None:
         try:
-            await self._end(goodbye=True)
+            await self.end(goodbye=True)
         except Exception as err:  # the daemon stops regardless
             self.view.log(f"federation: stopping: {err}")
         if self.local is not None:
@@ -157,7 +150,7 @@ class Federation:
             with contextlib.suppress(FileNotFoundError):
                 self.paths.cluster_socket.unlink()
 
-    async def _begin(self) -> None:
+    async def begin(self) -> None:
         async with self._lock:
             if self.on:
                 return
@@ -221,7 +214,7 @@ class Federation:
             return
         self.discovery = disc
 
-    async def _end(self, goodbye: bool) -> None:
+    async def end(self, goodbye: bool) -> None:
         async with self._lock:
             if not self.on:
                 return
@@ -642,7 +635,7 @@ class Federation:
             out["why"] = self.why_off
         return out
 
-    async def _gather(self, what: str, include_done: bool) -> list[dict[str, Any]]:
+    async def gather(self, what: str, include_done: bool) -> list[dict[str, Any]]:
         """Every node's jobs or slots: this node's, then each live peer's (asked now)."""
         local = (
             self.view.jobs(include_done=include_done) if what == "jobs" else self.view.slot_rows()
@@ -662,67 +655,12 @@ class Federation:
         out += await asyncio.gather(*(one(p) for p in peers))
         return out
 
-    # ================================================================== the cluster socket
-    async def _on_local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._local_conns >= MAX_LOCAL_CONNECTIONS:
-            writer.transport.abort()
-            return
-        self._local_conns += 1
-        try:
-            frame = await asyncio.wait_for(read_frame(reader, PRE_AUTH_MAX), HANDSHAKE_TIMEOUT)
-            msg = decode(frame)
-            answer = await self._local_request(msg, _peer_uid(writer))
-        except (Refused, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as err:
-            answer = {"t": "reply", "error": f"bad request: {err}"}
-        except Exception as err:
-            answer = {"t": "reply", "error": f"{type(err).__name__}: {err}"}
-        finally:
-            self._local_conns -= 1
-        with contextlib.suppress(Exception):
-            writer.write(plain(answer))
-            await writer.drain()
-            writer.close()
-
-    async def _local_request(self, msg: dict[str, Any], uid: int | None) -> dict[str, Any]:
-        kind = msg["t"]
-        if kind == "status":
-            return {"t": "reply", "value": self.status()}
-        if kind == "peers":
-            return {"t": "reply", "value": {**self.status(), "peers": self.peer_rows()}}
-        if kind in ("jobs", "slots"):
-            if not self.on:
-                return {"t": "reply", "error": f"federation is off: {self.why_off}"}
-            rows = await self._gather(kind, bool(msg.get("all", False)))
-            return {"t": "reply", "value": rows}
-        if kind in ("reload", "leave"):
-            if uid not in (0, os.geteuid()):
-                return {"t": "reply", "error": "only the daemon's user (or root) may do that"}
-            if kind == "leave":
-                was = self.on
-                await self._end(goodbye=True)
-                self.why_off = "left the cluster (`det-local cluster join TOKEN` to join again)"
-                return {"t": "reply", "value": {"was_on": was}}
-            await self._begin()
-            return {"t": "reply", "value": self.status()}
-        return {"t": "reply", "error": f"unknown request '{str(kind)[:40]}'"}
-
 
 def _where(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return "?"
-
-
-def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
-    sock = writer.get_extra_info("socket")
-    if sock is None:
-        return None
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    return int(struct.unpack("3i", creds)[1])
 
 
 Factory = Callable[[EngineView], Federation]
