@@ -375,3 +375,36 @@ def test_daemon_status_reports_the_fallback(
     job_id = dl.cmd("sh", "-c", "exit 5")
     assert dl.wait_job(job_id).exit_code == 5
     assert not (Path("/sys/fs/cgroup/unified/det-local") / cgroups.home_hash(dl.home)).exists()
+
+
+# ---------------------------------------------------------------------------- which runs
+def _det_local_cgroup(pid: int) -> str | None:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        path = line.split(":", 2)[2]
+        if "/det-local/" in path:
+            return path
+    return None
+
+
+def test_auto_contains_the_runs_that_cross_a_trust_boundary(contained: Shared) -> None:
+    """With `cgroups: auto`, a job the root daemon runs as another user gets a cgroup of its
+    own; a job of the daemon's own user (root's) does not (nothing to fence it from, and each
+    move into a cgroup waits for an RCU grace period)."""
+    sh = contained
+    users = sh.cmd(A, f"sleep 30; echo > {sh.out}/a-done", name="a")
+    roots = sh.cmd(None, f"sleep 30; echo > {sh.out}/r-done", name="r")
+    a_pid, r_pid = sh.pid(users), sh.pid(roots)
+    assert wait_for(lambda: _det_local_cgroup(a_pid), what="A's job in its cgroup")
+    assert _det_local_cgroup(r_pid) is None
+    for job_id in (users, roots):
+        sh.as_user(None, api.control_job, "cmd_kill", {"job_id": job_id})
+
+
+@pytest.mark.parametrize("contained", [{"DET_LOCAL_CGROUPS": "v2"}], indirect=True)
+def test_an_explicit_mode_contains_every_run(contained: Shared) -> None:
+    """`cgroups: v2` (or v1) contains the daemon's own user's runs too."""
+    sh = contained
+    roots = sh.cmd(None, "sleep 30", name="r")
+    r_pid = sh.pid(roots)
+    assert wait_for(lambda: _det_local_cgroup(r_pid), what="root's job in its cgroup")
+    sh.as_user(None, api.control_job, "cmd_kill", {"job_id": roots})
