@@ -127,7 +127,7 @@ def test_everyone_sees_all_jobs(shared: Shared) -> None:
     def job_list() -> Any:
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            det_local.cli.job.list_jobs(show_all=False, limit=None, as_json=True)
+            det_local.cli.job.list_jobs(show_all=False, limit=None, as_json=True, cluster=False)
         return json.loads(buf.getvalue())
 
     for user in (B, ADMIN):

@@ -137,7 +137,7 @@ def _token_from_cluster_json(path: str) -> str:
 def _listings() -> str:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        det_local.cli.job.list_jobs(show_all=True, limit=None, as_json=True)
+        det_local.cli.job.list_jobs(show_all=True, limit=None, as_json=True, cluster=False)
         det_local.cli.cmd.list_commands(show_all=True, as_json=True)
     return buf.getvalue()
 

@@ -53,6 +53,7 @@ def _normal(plan: LaunchPlan, home: Path, context: Path) -> dict[str, Any]:
         (os.path.dirname(sys.executable), "<python>"),
         (socket.gethostname(), "<host>"),
     ]
+    subs.sort(key=lambda s: -len(s[0]))  # the longest first: a venv may lie inside the package
     data = plan.to_json()
     data["env"] = dict(sorted(data["env"].items()))
     return dict(_placeholders(data, subs))
