@@ -275,8 +275,16 @@ def test_supervisor_terminates_then_kills(supervised: Any) -> None:
         sup.loop = asyncio.get_running_loop()
         sup.kill_grace = 0.2
         job = _job(store, [])
-        # ignores SIGTERM: only the SIGKILL after the grace period ends it
-        proc = sup.spawn(job, _plan(paths, job, ["sh", "-c", "trap '' TERM; sleep 60"]))
+        # ignores SIGTERM (once its trap is set: the marker file says so): only the SIGKILL
+        # after the grace period ends it
+        ready = paths.home / "trap-set"
+        script = f"trap '' TERM; touch {ready}; sleep 60"
+        proc = sup.spawn(job, _plan(paths, job, ["sh", "-c", script]))
+        for _ in range(1000):  # bounded: 10 s
+            if ready.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert ready.exists(), "the job never set its trap"
         started = time.monotonic()
         sup.terminate(job.id, proc.pid)
         while not exits:
