@@ -20,7 +20,6 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from det_local import __version__
@@ -28,6 +27,7 @@ from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.keys import KeyError_, read_key
 from det_local.federate.localsocket import ClusterSocket
+from det_local.federate.peers import SUSPECT_S, Link, Peer, Target, peer_state
 from det_local.federate.settings import FederationSettings, load
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
@@ -43,8 +43,6 @@ from det_local.sched.extensions import EngineView
 
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
-SUSPECT_S = 3.0
-DEAD_S = 5.0
 REATTACH_S = 10.0
 PEERS_EVERY_S = 5.0
 MAX_UNAUTHENTICATED = 16
@@ -54,51 +52,6 @@ REDIAL_MIN_S = 0.5
 REDIAL_MAX_S = 5.0
 STATIC_MAX_S = 30.0
 REFUSED_BACKOFF_S = 30.0  # wrong key, another cluster, another version: no need to hurry
-
-
-@dataclass
-class Link:
-    session: Session
-    node: str
-    host: str
-    dialer: str  # node id of the side that dialled
-    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
-    task: asyncio.Task[None] | None = None
-    closed: bool = False
-    quiet: bool = False  # closed on purpose (a duplicate link): not a drop
-
-
-@dataclass
-class Peer:
-    node: str
-    host: str = ""
-    port: int = 0
-    epoch: str = ""
-    version: str = "?"
-    free: int = 0
-    total: int = 0
-    kind: str = "?"
-    digest: dict[str, Any] = field(default_factory=dict)
-    last_heard: float = 0.0
-    link: Link | None = None
-    left: bool = False
-    dropped_at: float | None = None
-    state: str = "alive"
-
-
-@dataclass
-class Target:
-    """An address to dial: a static peer, a learned one, or one mDNS found."""
-
-    host: str
-    port: int
-    node: str | None = None
-    static: bool = False
-    next_at: float = 0.0
-    backoff: float = 0.0
-    dialing: bool = False
-    last_error: str = ""
-    self_: bool = False
 
 
 def extension(view: EngineView) -> Federation:
@@ -563,7 +516,7 @@ class Federation:
                 except (OSError, ConnectionError, ValueError):
                     self._close(link)
         for peer in self.peers.values():
-            state = self._state(peer, now)
+            state = peer_state(peer, now)
             if state != peer.state:
                 if state in ("suspect", "dead") and not peer.left:
                     silent = now - peer.last_heard
@@ -574,17 +527,6 @@ class Federation:
                     self.view.log(f"federation: peer {peer.node} is alive")
                 peer.state = state
         self._dial_due()
-
-    @staticmethod
-    def _state(peer: Peer, now: float) -> str:
-        if peer.left:
-            return "dead"
-        silent = now - peer.last_heard
-        if silent < SUSPECT_S:
-            return "alive"
-        if silent < DEAD_S:
-            return "suspect"
-        return "dead"
 
     # ================================================================== the view
     def peer_rows(self) -> list[dict[str, Any]]:
@@ -609,7 +551,7 @@ class Federation:
                 {
                     "id": peer.node,
                     "address": f"{peer.host}:{peer.port}",
-                    "state": self._state(peer, now),
+                    "state": peer_state(peer, now),
                     "slots_total": peer.total,
                     "slots_free": peer.free,
                     "version": peer.version,
@@ -628,7 +570,7 @@ class Federation:
                 cluster=self.me.cluster,
                 mdns=self.discovery is not None,
                 live_peers=sum(
-                    self._state(p, time.monotonic()) == "alive" for p in self.peers.values()
+                    peer_state(p, time.monotonic()) == "alive" for p in self.peers.values()
                 ),
             )
         else:
@@ -645,7 +587,7 @@ class Federation:
         peers = [p for p in sorted(self.peers.values(), key=lambda p: p.node)]
 
         async def one(peer: Peer) -> dict[str, Any]:
-            row: dict[str, Any] = {"node": peer.node, "state": self._state(peer, time.monotonic())}
+            row: dict[str, Any] = {"node": peer.node, "state": peer_state(peer, time.monotonic())}
             try:
                 row["value"] = await self._ask(peer, what, include_done)
             except (Exception, asyncio.TimeoutError) as err:
