@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import signal
-from typing import Any
 
 import psutil
-from conftest import Env, gone, wait_for
+from conftest import Env, gone, one_line_error, wait_for
 
 from det_local.sched.control import lock_free
 from det_local.store.states import State
@@ -21,15 +20,6 @@ from det_local.store.states import State
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
 BOUND_S = 30.0  # a `cmd run -f` of a trivial command that takes longer has hung
-
-
-def one_line_error(r: Any, *fragments: str) -> None:
-    assert r.rc != 0, r
-    assert "Traceback" not in r.err, r
-    lines = r.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r
-    for f in fragments:
-        assert f in lines[0], (f, r)
 
 
 def no_engine_left(dl: Env) -> None:

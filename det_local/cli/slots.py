@@ -27,23 +27,12 @@ def slots_command(
         _cluster_slots(as_json)
         return
     from det_local.api import open_store
+    from det_local.sched.slots import slot_holders
     from det_local.store.states import JobState
 
-    our_pids: list[int] = []
-    allocations: dict[int, str] = {}
-    for job in open_store().jobs.active():
-        if job.state != JobState.SCHEDULED:
-            continue
-        if job.pid is not None:
-            our_pids.append(job.pid)
-        who = (
-            f"experiment {job.experiment_id} trial {job.trial_id} ({job.user})"
-            if job.trial_id is not None
-            else f"command {job.id} ({job.user})"
-        )
-        for index in job.slots:
-            allocations[index] = who
-    show_slots(as_json, our_pids=our_pids, allocations=allocations)
+    jobs = open_store().jobs.active()
+    our_pids = [j.pid for j in jobs if j.state == JobState.SCHEDULED and j.pid is not None]
+    show_slots(as_json, our_pids=our_pids, allocations=slot_holders(jobs))
 
 
 def show_slots(

@@ -14,7 +14,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Shutdown
@@ -43,6 +43,19 @@ class TrialRun:
     stop_requested: bool = False
     requeue_requested: bool = False
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+
+class Notes(Protocol):
+    """What a component needs to record an event (the engine's `note`)."""
+
+    def note(
+        self,
+        message: str,
+        *,
+        experiment_id: int | None = None,
+        trial_id: int | None = None,
+        level: str = "INFO",
+    ) -> None: ...
 
 
 @dataclass

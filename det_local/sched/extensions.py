@@ -91,18 +91,7 @@ class EngineView:
 
     def slot_rows(self) -> list[dict[str, Any]]:
         """This node's slots as `slots --json` gives them (without foreign process lists)."""
-        from det_local.sched.slots import describe
+        from det_local.sched.slots import describe, slot_holders
 
-        allocations: dict[int, str] = {}
-        for job in self._engine.store.jobs.active():
-            if job.state == "QUEUED":
-                continue
-            who = (
-                f"experiment {job.experiment_id} trial {job.trial_id} ({job.user})"
-                if job.trial_id is not None
-                else f"command {job.id} ({job.user})"
-            )
-            for index in job.slots:
-                allocations[index] = who
-        rows = describe(self._engine.inventory, allocations)
+        rows = describe(self._engine.inventory, slot_holders(self._engine.store.jobs.active()))
         return [{k: v for k, v in row.items() if k != "foreign"} for row in rows]

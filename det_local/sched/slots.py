@@ -520,3 +520,20 @@ def describe(
             }
         )
     return rows
+
+
+def slot_holders(jobs: Sequence[Any]) -> dict[int, str]:
+    """slot index -> who holds it ("experiment E trial T (user)" or "command J (user)"), from
+    the store's active jobs: `slots` and the cluster view show the same words."""
+    held: dict[int, str] = {}
+    for job in jobs:
+        if job.state != "SCHEDULED":
+            continue
+        who = (
+            f"experiment {job.experiment_id} trial {job.trial_id} ({job.user})"
+            if job.trial_id is not None
+            else f"command {job.id} ({job.user})"
+        )
+        for index in job.slots:
+            held[index] = who
+    return held

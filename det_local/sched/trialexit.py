@@ -14,7 +14,7 @@ from collections import deque
 from typing import Protocol
 
 from det_local.sched.ckpt_gc import CheckpointGC
-from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.experiments import ExperimentRun, Notes, TrialRun, set_stopping
 from det_local.sched.jobqueue import JobQueue
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.search.actions import Action
@@ -23,7 +23,7 @@ from det_local.store.private import PrivateFiles
 from det_local.store.states import State, Stopping
 
 
-class Host(Protocol):
+class Host(Notes, Protocol):
     """What a trial's exit needs of the engine."""
 
     store: Store
@@ -32,15 +32,6 @@ class Host(Protocol):
     gc: CheckpointGC
     experiments: dict[int, ExperimentRun]
     runs: dict[int, TrialRun]
-
-    def note(
-        self,
-        message: str,
-        *,
-        experiment_id: int | None = None,
-        trial_id: int | None = None,
-        level: str = "INFO",
-    ) -> None: ...
 
     def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
 

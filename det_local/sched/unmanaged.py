@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError, StateError
-from det_local.sched.experiments import ExperimentRun, TrialRun
+from det_local.sched.experiments import ExperimentRun, Notes, TrialRun
 from det_local.store.states import State
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def mark(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "internal": internal}
 
 
-class Engine(Protocol):
+class Engine(Notes, Protocol):
     """What unmanaged runs need of the engine."""
 
     store: Store
@@ -72,15 +72,6 @@ class Engine(Protocol):
     settings: DaemonSettings
     loop: asyncio.AbstractEventLoop | None
     unmanaged: dict[int, TrialRun]  # trial id -> its run, until it ends
-
-    def note(
-        self,
-        message: str,
-        *,
-        experiment_id: int | None = None,
-        trial_id: int | None = None,
-        level: str = "INFO",
-    ) -> None: ...
 
     def add_experiment(self, exp: ExperimentRun, uid: int) -> None: ...
 
