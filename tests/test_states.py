@@ -89,7 +89,7 @@ def test_tables_cover_every_state_and_the_moves_named_in_the_design() -> None:
 
 
 def test_values_are_todays_strings() -> None:
-    assert [s.value for s in JobState] == ["QUEUED", "SCHEDULED", "DONE", "CANCELED"]
+    assert [s.value for s in JobState] == ["QUEUED", "RESERVED", "SCHEDULED", "DONE", "CANCELED"]
     assert [s.value for s in CheckpointState] == ["COMPLETED", "PARTIALLY_DELETED", "DELETED"]
     assert [s.value for s in Stopping] == ["pause", "kill", "error"]
     for member in (*JobState, *CheckpointState, *Stopping, *State):
@@ -104,6 +104,8 @@ def _job_in(store: Store, state: JobState) -> int:
     job_id = jobs.create(kind="COMMAND", name="j", user="ann", uid=1, priority=42, slots_needed=1)
     if state == JobState.SCHEDULED:
         jobs.allocate(job_id, [0], 1)
+    elif state == JobState.RESERVED:
+        jobs.reserve(job_id, [0], 1)
     elif state == JobState.DONE:
         jobs.finish(job_id, 0, "ended")
     elif state == JobState.CANCELED:  # no writer method yet: the state as SQL would hold it
@@ -116,6 +118,7 @@ def _job_in(store: Store, state: JobState) -> int:
 MOVES: dict[JobState, Callable[[Store, int], None]] = {
     JobState.QUEUED: lambda s, j: s.jobs.requeue(j, priority=5),
     JobState.SCHEDULED: lambda s, j: s.jobs.allocate(j, [1], 2),
+    JobState.RESERVED: lambda s, j: s.jobs.reserve(j, [1], 2),
     JobState.DONE: lambda s, j: s.jobs.finish(j, 3, "done"),
 }
 

@@ -42,6 +42,7 @@ class Peer:
     left: bool = False
     dropped_at: float | None = None
     state: str = "alive"
+    lend: bool = True  # it runs shares of other machines' trials (its heartbeat says)
 
 
 @dataclass

@@ -92,6 +92,113 @@ SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
 }
 
 
+# ---------------------------------------------------------------------- gangs across machines
+# (federate/gangs.py): placement, launch, relay, faults. `gang` is "<owner node>:<job id>",
+# `run` the owner's run id of the trial (it fences stale messages).
+MAX_CONFIG_KEYS = 200
+
+
+def _gang(v: Any) -> bool:
+    if not isinstance(v, str) or len(v) > 100 or ":" not in v:
+        return False
+    node, _, job = v.rpartition(":")
+    return valid_node_id(node) and job.isdigit() and len(job) <= 15
+
+
+def _key(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) == 4
+        and _int(-(10**6), 10**6)(v[0])
+        and _int(0, 2**63)(v[1])
+        and valid_node_id(v[2])
+        and _ID(v[3])
+    )
+
+
+def _spec(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _ID(v.get("experiment_id"))
+        and _ID(v.get("trial_id"))
+        and _int(-(2**63), 2**63)(v.get("seed"))
+        and isinstance(v.get("hparams"), dict)
+        and isinstance(v.get("config"), dict)
+        and len(v["config"]) <= MAX_CONFIG_KEYS
+        and isinstance(v.get("digest"), str)
+        and len(v["digest"]) == 64
+        and all(c in "0123456789abcdef" for c in v["digest"])
+        and _int(1, MAX_SLOTS)(v.get("size"))
+    )
+
+
+def _addrs(v: Any) -> bool:
+    return isinstance(v, list) and 1 <= len(v) <= MAX_PEERS and all(_str(255)(a) and a for a in v)
+
+
+def _ports(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and len(v) <= 8
+        and all(_str(64)(k) and _int(1, 65535)(p) for k, p in v.items())
+    )
+
+
+def _frame(v: Any) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("t"), str) and len(v["t"]) <= 40
+
+
+def _bytes(n: int) -> Check:
+    return lambda v: isinstance(v, bytes) and len(v) <= n
+
+
+_RUN = _int(1, 2**31)
+_OPT_ID = (_ID, False)
+GANG_SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
+    "has": {"id": (_ID, True), "digest": (_str(64), True)},
+    "reserve": {
+        "id": (_ID, True),
+        "gang": (_gang, True),
+        "run": (_RUN, True),
+        "key": (_key, True),
+        "slots": (_int(1, MAX_SLOTS), True),
+        "user": (lambda v: _str(64)(v) and bool(v), True),
+        "priority": (_int(1, 99), True),
+        "name": (_str(256), True),
+        "hold_s": (lambda v: isinstance(v, (int, float)) and 0.1 <= v <= 600, False),
+        "spec": (_spec, True),
+    },
+    "ready": {"id": (_ID, True), "gang": (_gang, True), "run": (_RUN, True)},
+    "commit": {
+        "id": (_ID, True),
+        "gang": (_gang, True),
+        "run": (_RUN, True),
+        "node_rank": (_int(0, MAX_PEERS), True),
+        "addrs": (_addrs, True),
+        "slot_counts": (
+            lambda v: isinstance(v, list) and all(_int(1, MAX_SLOTS)(n) for n in v),
+            True,
+        ),
+        "ports": (_ports, True),
+        "latest_checkpoint": (lambda v: v is None or _str(4096)(v), False),
+        "steps_completed": (_int(0, 2**53), False),
+    },
+    "abort": {"id": _OPT_ID, "gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
+    "wounded": {"gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
+    "yield": {"gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
+    "member_exit": {
+        "gang": (_gang, True),
+        "run": (_RUN, True),
+        "code": (_int(-255, 255), True),
+        "lost": (_bool, False),
+    },
+    "relay": {"id": _OPT_ID, "gang": (_gang, True), "run": (_RUN, True), "frame": (_frame, True)},
+    "down": {"gang": (_gang, True), "run": (_RUN, True), "frame": (_frame, True)},
+    "log": {"gang": (_gang, True), "run": (_RUN, True), "data": (_bytes(256 * 1024), True)},
+}
+SCHEMAS.update(GANG_SCHEMAS)
+
+
 def check(msg: dict[str, Any]) -> str | None:
     kind = msg.get("t")
     fields = SCHEMAS.get(str(kind))

@@ -25,6 +25,7 @@ from typing import Any
 from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
+from det_local.federate.gangs import Gangs
 from det_local.federate.keys import KeyError_, read_key
 from det_local.federate.localsocket import ClusterSocket
 from det_local.federate.peers import SUSPECT_S, Link, Peer, Target, peer_state
@@ -41,6 +42,7 @@ from det_local.federate.transport import (
 )
 from det_local.sched.extensions import EngineView
 
+GANG_MESSAGES = frozenset(schema.GANG_SCHEMAS)
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
 REATTACH_S = 10.0
@@ -80,6 +82,9 @@ class Federation:
         self._next_peers = 0.0
         self._query_id = 0
         self._lock = asyncio.Lock()
+        self.gangs = Gangs(self)  # trials across machines
+        self.lend = True
+        self.lend_priority_offset = 0
 
     # ================================================================== lifecycle
     async def start(self) -> None:
@@ -134,6 +139,10 @@ class Federation:
                 return
             self.on = True
             self.why_off = ""
+            self.lend = settings.lend
+            self.lend_priority_offset = settings.lend_priority_offset
+            self.view.gangs.max_peer_requeues = settings.max_peer_requeues
+            self.view.install_placer(self.gangs)
             self.peers.clear()
             self.targets.clear()
             for host, port in settings.peers:
@@ -172,6 +181,7 @@ class Federation:
             if not self.on:
                 return
             self.on = False
+            self.view.install_placer(None)
             if self._ticker is not None:
                 self._ticker.cancel()
             if self.server is not None:
@@ -193,6 +203,25 @@ class Federation:
                 task.cancel()
             self.peers.clear()
             self.targets.clear()
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        self._spawn(coro)
+
+    async def request(self, node: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send a request to a peer and wait for its reply (or error) message."""
+        peer = self.peers.get(node)
+        link = peer.link if peer is not None else None
+        if link is None or link.closed:
+            raise ConnectionError(f"no link to {node}")
+        self._query_id += 1
+        qid = self._query_id
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        link.pending[qid] = fut
+        try:
+            link.session.send_now({**msg, "id": qid})
+            return dict(await asyncio.wait_for(fut, timeout))
+        finally:
+            link.pending.pop(qid, None)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -359,6 +388,7 @@ class Federation:
         self.targets.setdefault((host, peer.port), Target(host, peer.port, node=hello.node))
         link.task = asyncio.get_running_loop().create_task(self._read_loop(peer, link))
         self._spawn(self._greet(link))
+        self.gangs.peers_changed()
 
     async def _greet(self, link: Link) -> None:
         with contextlib.suppress(Exception):
@@ -417,9 +447,12 @@ class Federation:
             await link.session.send(answer)
             return
         kind = msg["t"]
-        if kind == "hb":
+        if kind in GANG_MESSAGES:
+            self._gang_message(peer, link, msg)
+        elif kind == "hb":
             peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
             peer.digest = msg["digest"]
+            peer.lend = bool(msg.get("lend", True))
         elif kind == "peers":
             for entry in msg["list"]:
                 self._found(entry["node"], entry["host"], entry["port"])
@@ -435,6 +468,53 @@ class Federation:
                 fut.set_result(msg)
             elif kind == "error":
                 self.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
+
+    def _gang_message(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        """A placement, launch, relay or fault message (federate/gangs.py); a request is
+        answered with reply{id, value} or reply{id, error: one line}."""
+        g = self.gangs
+        kind, node = msg["t"], peer.node
+        rid = msg.get("id")
+        try:
+            if kind == "relay":
+                answer = g.on_relay(node, msg)
+                if answer is not None:
+                    link.session.send_now(answer)
+                return
+            value: Any = None
+            if kind == "has":
+                value = g.on_has(msg)
+            elif kind == "blob":
+                g.on_blob(msg)
+            elif kind == "reserve":
+                value = g.on_reserve(node, msg)
+            elif kind == "ready":
+                problem = g.on_ready(node, msg)
+                if problem is not None:
+                    raise DetLocalError(problem)
+            elif kind == "commit":
+                value = g.on_commit(node, msg)
+            elif kind == "abort":
+                g.on_abort(node, msg)
+            elif kind == "wounded":
+                g.on_wounded(node, msg)
+            elif kind == "yield":
+                g.on_yield(node, msg)
+            elif kind == "member_exit":
+                g.on_member_exit(node, msg)
+            elif kind == "down":
+                g.on_down(node, msg)
+            elif kind == "log":
+                g.on_log(node, msg)
+            if rid is not None:
+                link.session.send_now({"t": "reply", "id": rid, "value": value})
+        except DetLocalError as err:
+            self.view.log(f"federation: refused {kind} from {node}: {err}")
+            if rid is not None:
+                with contextlib.suppress(Exception):
+                    link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
+        except (OSError, ConnectionError):
+            pass
 
     async def _answer(self, link: Link, msg: dict[str, Any]) -> None:
         try:
@@ -478,6 +558,7 @@ class Federation:
             "total": total,
             "kind": kind,
             "digest": self.view.queue_digest(),
+            "lend": self.lend,
         }
 
     def _peer_list(self) -> dict[str, Any]:
@@ -526,6 +607,8 @@ class Federation:
                 elif state == "alive" and peer.state != "alive":
                     self.view.log(f"federation: peer {peer.node} is alive")
                 peer.state = state
+                self.gangs.peers_changed()
+        self.gangs.tick()
         self._dial_due()
 
     # ================================================================== the view

@@ -24,7 +24,17 @@ from det_local.errors import ConfigError
 from det_local.federate.keys import default_node_id, valid_node_id
 
 DEFAULT_PORT = 47800
-_KEYS = {"port", "node_id", "mdns", "peers", "interfaces", "listen"}
+_KEYS = {
+    "port",
+    "node_id",
+    "mdns",
+    "peers",
+    "interfaces",
+    "listen",
+    "lend",
+    "lend_priority_offset",
+    "max_peer_requeues",
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,9 @@ class FederationSettings:
     peers: tuple[tuple[str, int], ...] = ()
     interfaces: tuple[str, ...] | None = None  # None: the private IPv4 interfaces
     listen: str = "0.0.0.0"
+    lend: bool = True  # run shares of other machines' trials here
+    lend_priority_offset: int = 0  # added to a lent share's priority (higher: less important)
+    max_peer_requeues: int = 5  # requeues of a trial for lost machines (not max_restarts)
 
 
 def parse_peer(text: str, where: str) -> tuple[str, int]:
@@ -68,6 +81,15 @@ def _flag(value: Any, where: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{where}: expected true or false, found {value!r}")
+
+
+def _whole(value: Any, lo: int, hi: int, name: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(
+            f"federation.{name} in {source}: expected a whole number from {lo} to {hi}, "
+            f"found {value!r}"
+        )
+    return value
 
 
 def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSettings:
@@ -122,7 +144,13 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
     if env.get("DET_LOCAL_FED_INTERFACES"):
         interfaces = tuple(i.strip() for i in env["DET_LOCAL_FED_INTERFACES"].split(",") if i)
     listen = str(env.get("DET_LOCAL_FED_LISTEN") or raw.get("listen") or "0.0.0.0")
+    lend = _flag(raw.get("lend", True), f"federation.lend in {source}")
+    offset = _whole(raw.get("lend_priority_offset", 0), -98, 98, "lend_priority_offset", source)
+    requeues = _whole(raw.get("max_peer_requeues", 5), 0, 1000, "max_peer_requeues", source)
     return FederationSettings(
+        lend=lend,
+        lend_priority_offset=offset,
+        max_peer_requeues=requeues,
         port=port,
         node_id=str(node),
         mdns=mdns,

@@ -194,6 +194,12 @@ class Session:
         self._recv_seq = seq
         return decode(body)
 
+    def send_now(self, msg: dict[str, Any]) -> None:
+        """Queue a message at once, in order with every other (no wait for the buffer)."""
+        if self.writer.transport.is_closing():
+            raise ConnectionError("the link is closed")
+        self.writer.write(self.seal(msg))
+
     async def send(self, msg: dict[str, Any]) -> None:
         self.writer.write(self.seal(msg))
         if self.writer.transport.get_write_buffer_size() > DRAIN_ABOVE:

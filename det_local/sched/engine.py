@@ -41,6 +41,7 @@ from det_local.sched.experiments import (
     load_experiment,
     searcher_snapshot,
 )
+from det_local.sched.gangs import MEMBER, GangShares
 from det_local.sched.inventory import LocalInventory
 from det_local.sched.jobqueue import TRIAL, JobQueue, check_priority
 from det_local.sched.launcher import LocalLauncher
@@ -146,6 +147,7 @@ class Engine:
             out=self._out,
             on_done=self._check_idle,
         )
+        self.gangs = GangShares(self)  # trials across machines (federate/ places them)
         self.reports = Reports(
             self.store, note=self.note, apply=self.apply, fail=self._searcher_failed
         )
@@ -291,12 +293,14 @@ class Engine:
             from det_local.config import make_test_config
 
             cfg = make_test_config(cfg)
-        check_request(
-            int(cfg.resources.slots_per_trial),
-            self.inventory.size(),
-            "resources.slots_per_trial",
-            more=self._cpu_slots_remedy(int(cfg.resources.slots_per_trial)),
-        )
+        slots = int(cfg.resources.slots_per_trial)
+        if self.gangs.fit(slots) is None:  # not a gang across machines: this one must do
+            check_request(
+                slots,
+                self.inventory.size(),
+                "resources.slots_per_trial",
+                more=self._cpu_slots_remedy(slots),
+            )
         owner = os.getuid() if uid is None else uid
         exp_id, searcher, config = record_experiment(
             self.store,
@@ -417,6 +421,8 @@ class Engine:
         def create() -> int:
             rec = self.store.get_experiment(exp.id)
             override = self.store.get_experiment_priority(exp.id)
+            size = int(exp.config.resources.slots_per_trial)
+            fit = self.gangs.fit(size)
             return self.store.jobs.create(
                 kind=TRIAL,
                 name=f"{rec.name} (trial {trial_id})",
@@ -425,16 +431,26 @@ class Engine:
                 priority=(
                     int(exp.config.resources.effective_priority) if override is None else override
                 ),
-                slots_needed=int(exp.config.resources.slots_per_trial),
+                slots_needed=size if fit is None else fit.local,
                 experiment_id=exp.id,
                 trial_id=trial_id,
                 umask=self.store.get_experiment_umask(exp.id),
+                gang=None if fit is None else {"size": size, "per_node": fit.per_node},
             )
 
         self.queue.enqueue_trial(trial_id, create)
 
-    def start_trial(self, job: JobRecord, slots: list[int], run_id: int) -> None:
-        """The scheduler gave the trial its slots (recorded in its job): start its process."""
+    def start_trial(
+        self,
+        job: JobRecord,
+        slots: list[int],
+        run_id: int,
+        *,
+        rendezvous: Any = None,
+        ports: dict[str, int] | None = None,
+    ) -> None:
+        """The scheduler gave the trial its slots (recorded in its job): start its process
+        (a gang's share: with the gang's rendezvous and the chief's ports)."""
         assert job.experiment_id is not None and job.trial_id is not None
         exp = self.experiment(job.experiment_id)
         trial_id = job.trial_id
@@ -442,7 +458,9 @@ class Engine:
         token = self.private.run_token(job.id, run_id)
         in_use = [p for r in self.runs.values() for p in r.ports.values()]
         try:
-            plan, run = self.trials.prepare(exp, job, slots, token, run_id, in_use)
+            plan, run = self.trials.prepare(
+                exp, job, slots, token, run_id, in_use, rendezvous=rendezvous, ports=ports
+            )
         except StartFailed as err:
             self._trial_failed_to_start(exp, trial_id, str(err))
             return
@@ -459,8 +477,33 @@ class Engine:
     def start_command(self, job: JobRecord) -> None:
         self.commands.start(job)
 
+    def start_gang_share(self, job: JobRecord) -> None:
+        """A gang's share holds its slots (RESERVED): the placer does the rest."""
+        placer = self.gangs.placer
+        if placer is None:  # the federation stopped: the share waits for it
+            self.gangs.release(job.id, "the cluster is off")
+            self.queue.hold_back[job.id] = "waiting for the cluster (federation is off)"
+        elif job.kind == MEMBER:
+            placer.member_started(job)
+        else:
+            placer.share_started(job)
+
+    def gang_exited(self, run: TrialRun, code: int) -> None:
+        """Every rank of a gang has stopped, on every node (the placer says so)."""
+        if self.runs.get(run.trial_id) is run:
+            self.on_trial_exit(run, code)
+        self.queue.schedule()
+
+    def relay_run(self, job_id: int) -> TrialRun | None:
+        return self.gangs.relays.get(job_id)
+
     def preempt_trial(self, job: JobRecord) -> bool:
         """The policy chose the trial's job as a victim: it checkpoints and requeues."""
+        if job.gang is not None and (job.state == "RESERVED" or job.kind == MEMBER):
+            if self.gangs.placer is None:
+                return False
+            self.gangs.placer.yield_share(job, f"job {job.id} is preempted by more important work")
+            return job.state != "RESERVED"  # a released share is back in the queue at once
         run = self.runs.get(job.trial_id or -1)
         if run is None:
             return False
@@ -494,6 +537,10 @@ class Engine:
         self.runs[job.trial_id] = run
         return run
 
+    def fail_trial_start(self, experiment_id: int, trial_id: int, message: str) -> None:
+        """The trial cannot start as configured (a gang a member refused for good)."""
+        self._trial_failed_to_start(self.experiment(experiment_id), trial_id, message)
+
     def _trial_failed_to_start(self, exp: ExperimentRun, trial_id: int, message: str) -> None:
         self.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
         self.queue.finish_trial_job(trial_id, None, message)
@@ -505,8 +552,18 @@ class Engine:
         """A job's run is wholly gone (the supervisor reaped it): what it means, then a pass."""
         self.queue.preempting.discard(ended.job_id)
         job = self.store.jobs.peek(ended.job_id)
-        if job.kind == TRIAL:
+        if job.kind == MEMBER:
+            self.gangs.member_job_exited(job, ended.code)
+        elif job.kind == TRIAL:
             run = self.runs.get(job.trial_id or -1)
+            placer = self.gangs.placer
+            if (
+                run is not None
+                and job.gang is not None
+                and placer is not None
+                and placer.owner_exited(run, ended.code)
+            ):
+                return  # decided once the other nodes' ranks have stopped too
             if run is not None:
                 self.on_trial_exit(run, ended.code)
         else:
@@ -525,6 +582,8 @@ class Engine:
         run.preempt_sent = True
         for w in run.writers:
             send(w, {"t": "preempt"})
+        if self.gangs.placer is not None:
+            self.gangs.placer.down(run, {"t": "preempt"})
         timeout = exp.config.preemption_timeout
         timeout = self.settings.preemption_timeout if timeout is None else float(timeout)
         assert self.loop is not None
@@ -535,6 +594,8 @@ class Engine:
         if run.trial_id not in self.runs:
             return
         self.supervisor.terminate(run.job_id, run.pid)
+        if self.gangs.placer is not None:
+            self.gangs.placer.stop(run)
 
     def pause(self, experiment_id: int) -> str:
         return expcontrol.pause(self, experiment_id)
@@ -608,7 +669,11 @@ class Engine:
         return self.runs.get(trial_id)
 
     def is_live(self, run: TrialRun) -> bool:
-        return self.runs.get(run.trial_id) is run or self.unmanaged.get(run.trial_id) is run
+        return (
+            self.runs.get(run.trial_id) is run
+            or self.unmanaged.get(run.trial_id) is run
+            or self.gangs.relays.get(run.job_id) is run
+        )
 
     def run_uid(self, run: TrialRun) -> int:
         """The uid a run's processes have: its job's user under a root daemon, else ours."""
@@ -626,6 +691,13 @@ class Engine:
             unmanaged.disconnected(self, run)
 
     def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any:
+        if run.request_id == "relay":  # a rank of another machine's trial: its owner applies it
+            placer = self.gangs.placer
+            if placer is None:
+                raise DetLocalError(
+                    "this machine's cluster link is off; the trial's owner is unreachable"
+                )
+            return placer.relay(run, msg)
         return handle_message(self, run, msg, uid)
 
     def experiment_of(self, run: TrialRun) -> ExperimentRun:

@@ -10,6 +10,7 @@ new seams here.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,9 @@ from det_local.store.paths import Paths
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
+    from det_local.sched.experiments import TrialRun
+    from det_local.sched.gangs import GangShares, Placer
+    from det_local.store.jobs import JobRecord
 
 
 class Extension(Protocol):
@@ -95,3 +99,160 @@ class EngineView:
 
         rows = describe(self._engine.inventory, slot_holders(self._engine.store.jobs.active()))
         return [{k: v for k, v in row.items() if k != "foreign"} for row in rows]
+
+    # ------------------------------------------------------------------ gangs across machines
+    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`)
+    @property
+    def gangs(self) -> GangShares:
+        return self._engine.gangs
+
+    def install_placer(self, placer: Placer | None) -> None:
+        self._engine.gangs.placer = placer
+
+    def schedule(self) -> None:
+        self._engine.queue.schedule()
+
+    def job(self, job_id: int) -> JobRecord | None:
+        from det_local.errors import NotFoundError
+
+        try:
+            return self._engine.store.jobs.peek(job_id)
+        except NotFoundError:
+            return None
+
+    def active_jobs(self) -> list[JobRecord]:
+        return self._engine.store.jobs.active()
+
+    def hold_back(self, job_id: int, why: str) -> None:
+        """Keep a queued gang share out of the passes (it waits for machines)."""
+        self._engine.queue.hold_back[job_id] = why
+
+    def held_back(self, job_id: int) -> bool:
+        return job_id in self._engine.queue.hold_back
+
+    def release_held_back(self, job_id: int | None = None) -> bool:
+        """Let held-back shares (one, or all) be scheduled again; True if any was held."""
+        held = self._engine.queue.hold_back
+        if job_id is None:
+            had = bool(held)
+            held.clear()
+            return had
+        return held.pop(job_id, None) is not None
+
+    def set_share(self, job_id: int, slots: int, gang: dict[str, Any]) -> None:
+        self._engine.store.jobs.set_gang(job_id, gang, slots)
+
+    def behind_older_gangs(self, job_id: int) -> None:
+        """Move a queued gang share behind every queued share of an older gang."""
+        from det_local.sched.gangs import MEMBER, gang_key
+
+        jobs = self._engine.store.jobs
+        me = jobs.peek(job_id)
+
+        def key(j: JobRecord) -> tuple[int, int, str, int]:
+            if j.kind == MEMBER:
+                return gang_key(j.gang or {})
+            return (int(j.priority), int(j.submitted_at * 1e9), "", j.id)
+
+        older = [
+            j
+            for j in jobs.active()
+            if j.gang is not None and j.id != job_id and key(j) < key(me) and j.state == "QUEUED"
+        ]
+        if older:
+            last = max(older, key=lambda j: j.position)
+            if last.position > me.position:
+                jobs.set_position(job_id, jobs.neighbour_position(last.id, ahead=False))
+
+    def gang_spec(self, job: JobRecord) -> dict[str, Any]:
+        """What a member needs to run its ranks of the job's trial (no command line: the
+        member builds it from the config)."""
+        engine = self._engine
+        assert job.experiment_id is not None and job.trial_id is not None
+        rec = engine.store.get_experiment(job.experiment_id)
+        trial = engine.store.get_trial(job.trial_id)
+        return {
+            "experiment_id": job.experiment_id,
+            "trial_id": job.trial_id,
+            "seed": int(trial.seed),
+            "hparams": trial.hparams,
+            "config": rec.config,
+            "size": int((job.gang or {}).get("size", job.slots_needed)),
+        }
+
+    def context_of(self, experiment_id: int) -> str:
+        """The experiment's context snapshot directory."""
+        return str(self._engine.store.get_experiment(experiment_id).context_dir)
+
+    def allocate_ports(self) -> dict[str, int]:
+        from det_local.launch.ports import allocate_ports
+
+        in_use = [p for r in self._engine.runs.values() for p in r.ports.values()]
+        return allocate_ports(in_use=in_use)
+
+    def resume_point(self, trial_id: int) -> tuple[str | None, int]:
+        return self._engine.trials.resume_point(trial_id)
+
+    def trial_run(self, trial_id: int) -> TrialRun | None:
+        return self._engine.runs.get(trial_id)
+
+    def gang_exited(self, run: TrialRun, code: int) -> None:
+        self._engine.gang_exited(run, code)
+
+    def gang_failed(self, job_id: int, why: str) -> None:
+        """The gang can never be placed as configured (a member refused for good)."""
+        engine = self._engine
+        job = engine.store.jobs.peek(job_id)
+        if job.state == "RESERVED":
+            engine.store.jobs.requeue(job_id)
+        assert job.experiment_id is not None and job.trial_id is not None
+        engine.fail_trial_start(job.experiment_id, job.trial_id, f"trial {job.trial_id}: {why}")
+        engine.queue.schedule()
+
+    def preempt_gang(self, job_id: int, why: str) -> None:
+        engine = self._engine
+        job = engine.store.jobs.peek(job_id)
+        if job.state == "SCHEDULED" and engine.preempt_trial(job):
+            engine.queue.preempting.add(job_id)
+
+    def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
+        path = self._engine.paths.trial_log(experiment_id, trial_id)
+        with open(path, "ab") as f:
+            f.write(data)
+
+    def check_gang_config(self, config: Any, user: str) -> None:
+        """A member's check of the config it was sent (the owner's, hostile until checked):
+        parsed as any experiment config, shared_fs checkpoints present here, the user
+        present here. DetLocalError ending in [permanent]: it will never fit here."""
+        import pwd
+
+        from det_local.config import parse_config
+        from det_local.errors import DetLocalError
+
+        try:
+            parse_config(config, source="a gang's experiment config")
+        except DetLocalError as err:
+            raise DetLocalError(f"{err} [permanent]") from None
+        storage = config.get("checkpoint_storage") or {}
+        if storage.get("type") != "shared_fs":
+            raise DetLocalError(
+                "a trial across machines needs checkpoint_storage of type shared_fs [permanent]"
+            )
+        host = str(storage.get("host_path") or "")
+        if not os.path.isdir(host):
+            raise DetLocalError(
+                f"checkpoint_storage.host_path {host} is not a directory on this machine: "
+                "mount the shared file system at the same path on every machine [permanent]"
+            )
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise DetLocalError(
+                f"user {user!r} does not exist on this machine: create the account (same name) "
+                "to run a share of its trials here [permanent]"
+            ) from None
+        if os.geteuid() != 0 and pwd.getpwuid(os.geteuid()).pw_name != user:
+            raise DetLocalError(
+                f"this machine's daemon is not root: it runs only its own user's ranks, not "
+                f"{user!r}'s [permanent]"
+            )

@@ -47,6 +47,8 @@ class Starter(Protocol):
 
     def preempt_trial(self, job: JobRecord) -> bool: ...  # False: it has no live run
 
+    def start_gang_share(self, job: JobRecord) -> None: ...  # RESERVED: the placer goes on
+
 
 def view(job: JobRecord) -> JobView:
     return JobView(
@@ -56,7 +58,7 @@ def view(job: JobRecord) -> JobView:
         position=job.position,
         slots=job.slots_needed,
         group=f"exp:{job.experiment_id}" if job.experiment_id is not None else None,
-        preemptible=job.kind == TRIAL,
+        preemptible=job.kind == TRIAL or job.gang is not None,
     )
 
 
@@ -83,6 +85,8 @@ class JobQueue:
         self.after_pass = after_pass
         self.waiting: dict[int, str] = {}  # queued job id -> why it waits
         self.preempting: set[int] = set()  # running job ids asked to preempt
+        # queued jobs kept out of the passes for now, and why (a gang waiting for machines)
+        self.hold_back: dict[int, str] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._scheduling = False
         self._again = False
@@ -148,13 +152,16 @@ class JobQueue:
             RunningJob(view(j), held[j.id], preempting=j.id in self.preempting)
             for j in jobs.running.values()
         ]
+        held_back = self.hold_back
         queued = SortedQueue(
-            jobs=(view(j) for j in jobs.queued_in_order()), zero_slot=jobs.zero_slot
+            jobs=(view(j) for j in jobs.queued_in_order() if j.id not in held_back),
+            zero_slot=jobs.zero_slot,
         )
         free = inv.free(s for slots in held.values() for s in slots)
         decision = schedule(inv.total(), free.slots, running, queued, self._policy_config())
         # why the jobs read wait (those left unread wait too: decision.complete is False)
         self.waiting = dict(decision.waiting)
+        self.waiting.update(held_back)
         if free.foreign_held and (self.waiting or not decision.complete):
             # nothing of ours tells when a foreign process lets go of its GPU: look again soon
             # while jobs wait (a bounded supervision tick, only then)
@@ -163,7 +170,7 @@ class JobQueue:
         preempt = [jobs.jobs[job_id] for job_id in decision.preempt]
         start = [(jobs.jobs[job_id], inv.indices(slots)) for job_id, slots in decision.start]
         for job in preempt:
-            if job.kind == TRIAL and job.trial_id is not None and self.starter.preempt_trial(job):
+            if (job.kind == TRIAL or job.gang is not None) and self.starter.preempt_trial(job):
                 self.preempting.add(job.id)
         for job, slots in start:
             self._start(job, slots)
@@ -180,7 +187,13 @@ class JobQueue:
 
     def _start(self, job: JobRecord, slots: list[int]) -> None:
         """Commit the allocation (durable before acting), then start."""
-        if job.kind == TRIAL:
+        if job.gang is not None:  # a share of a gang across machines: held until all are ready
+            run_id = (
+                self.next_trial_run(job.trial_id) if job.trial_id is not None else job.run_id + 1
+            )
+            self.jobs.reserve(job.id, slots, run_id)
+            self.starter.start_gang_share(self.jobs.peek(job.id))
+        elif job.kind == TRIAL:
             assert job.experiment_id is not None and job.trial_id is not None
             run_id = self.next_trial_run(job.trial_id)
             self.jobs.allocate(job.id, slots, run_id)

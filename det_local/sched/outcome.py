@@ -28,6 +28,8 @@ class ExitFacts:
     restarts_done: int
     max_restarts: int
     requeue_requested: bool = False  # the scheduler preempted it for more important work
+    peer_lost: bool = False  # a gang across machines lost one of them (not the trial's fault)
+    peer_requeues_left: bool = True  # federation.max_peer_requeues not reached
 
 
 def decide(f: ExitFacts) -> Outcome:
@@ -43,6 +45,8 @@ def decide(f: ExitFacts) -> Outcome:
         return Outcome.REQUEUE  # it checkpointed and left, or was stopped after the timeout
     if f.preempt_acknowledged and f.exit_code == 0:
         return Outcome.REQUEUE
+    if f.peer_lost and f.exit_code != 0:  # a machine went away: max_restarts is not used up
+        return Outcome.REQUEUE if f.peer_requeues_left else Outcome.ERROR
     if f.exit_code == 0:
         return Outcome.COMPLETED
     if f.restarts_done < f.max_restarts:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from det_local.sched.ckpt_gc import CheckpointGC
 from det_local.sched.experiments import ExperimentRun, Notes, TrialRun, set_stopping
+from det_local.sched.gangs import GangShares
 from det_local.sched.jobqueue import JobQueue
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.search.actions import Action
@@ -32,6 +33,7 @@ class Host(Notes, Protocol):
     gc: CheckpointGC
     experiments: dict[int, ExperimentRun]
     runs: dict[int, TrialRun]
+    gangs: GangShares
 
     def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
 
@@ -52,6 +54,8 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
     exp = engine.experiments[run.experiment_id]
     trial = engine.store.get_trial(run.trial_id)
     max_restarts = int(exp.config.max_restarts)
+    lost = engine.gangs.peer_lost.pop(run.trial_id, None)
+    requeues = engine.gangs.peer_requeues.get(run.trial_id, 0)
     outcome = decide(
         ExitFacts(
             exit_code=code,
@@ -63,8 +67,20 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
             restarts_done=trial.restarts,
             max_restarts=max_restarts,
             requeue_requested=run.requeue_requested,
+            peer_lost=lost is not None,
+            peer_requeues_left=requeues < engine.gangs.max_peer_requeues,
         )
     )
+    if lost is not None and outcome == Outcome.REQUEUE and not run.requeue_requested:
+        engine.gangs.peer_requeues[run.trial_id] = requeues + 1
+        engine.note(
+            f"trial {run.trial_id}: {lost}; queued again to resume from its latest checkpoint on "
+            f"live machines (a lost machine does not count toward max_restarts: peer requeue "
+            f"{requeues + 1} of {engine.gangs.max_peer_requeues})",
+            experiment_id=exp.id,
+            trial_id=run.trial_id,
+            level="WARNING",
+        )
     rid = run.request_id
     tid = run.trial_id
     if outcome not in (Outcome.REQUEUE, Outcome.RESTART):

@@ -128,6 +128,8 @@ class Sessions(Protocol):
 
     def managed_run(self, trial_id: int) -> TrialRun | None: ...
 
+    def relay_run(self, job_id: int) -> TrialRun | None: ...
+
     def is_live(self, run: TrialRun) -> bool: ...
 
     def run_uid(self, run: TrialRun) -> int: ...
@@ -260,7 +262,13 @@ class TrialServer:
         if msg.get("unmanaged"):  # a core_v2 process det-local did not start
             return self.sessions.unmanaged_hello(msg, writer)
         trial_id = msg.get("trial_id")
-        run = self.sessions.managed_run(trial_id) if type(trial_id) is int else None
+        relay = msg.get("relay")
+        if type(relay) is int:  # a rank of another machine's trial, run here as a gang member
+            run = self.sessions.relay_run(relay)
+            if run is not None and run.trial_id != trial_id:
+                run = None
+        else:
+            run = self.sessions.managed_run(trial_id) if type(trial_id) is int else None
         token = msg.get("token")
         if (
             run is None
@@ -329,6 +337,10 @@ class TrialServer:
         error: str | None = None
         try:
             value = self.sessions.handle(run, msg, uid)
+            if isinstance(value, asyncio.Future):  # relayed to the trial's owner: answered later
+                if "id" in msg:
+                    value.add_done_callback(lambda f: _reply_later(f, msg["id"], writer))
+                return
         except Refused as err:
             error = str(err)
             self.refuse(uid, run, kind_of(msg), error)
@@ -344,6 +356,17 @@ class TrialServer:
             else:
                 reply["value"] = value
             send(writer, reply)
+
+
+def _reply_later(fut: asyncio.Future[Any], msg_id: Any, writer: asyncio.StreamWriter) -> None:
+    reply: dict[str, Any] = {"t": "reply", "id": msg_id}
+    if fut.cancelled():
+        reply["error"] = "the trial's owner did not answer"
+    elif fut.exception() is not None:
+        reply["error"] = str(fut.exception())[:300]
+    else:
+        reply["value"] = fut.result()
+    send(writer, reply)
 
 
 def send(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     exit_code INTEGER,
     message TEXT,
     preempt_acked INTEGER NOT NULL DEFAULT 0,
-    umask INTEGER
+    umask INTEGER,
+    gang TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_by_position ON jobs(position);
@@ -76,6 +77,7 @@ CREATE TABLE IF NOT EXISTS requests (
 
 # JobState's members under the names the scheduler imports today
 QUEUED = JobState.QUEUED
+RESERVED = JobState.RESERVED
 SCHEDULED = JobState.SCHEDULED
 DONE = JobState.DONE
 _STATE_OF = {s.value: s for s in JobState}  # a stored string -> its member (faster than a call)
@@ -85,7 +87,7 @@ ENDED = (DONE, CANCELED)
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
     "trial_id, slots, pid, pid_start, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, exit_code, message, preempt_acked, umask"
+    "cwd, exit_code, message, preempt_acked, umask, gang"
 )
 _LIST_COLS = _COLS
 # the scheduling pass skips argv (`get` reads the whole row when a job starts)
@@ -127,6 +129,8 @@ class JobRecord:
     # exits: its exit then means "requeue me", not "done")
     preempt_acked: bool = False
     umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
+    # a share of a gang across machines (federate/): what this node's part of it is
+    gang: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -176,6 +180,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         message=r[21],
         preempt_acked=bool(r[22]),
         umask=r[23],
+        gang=json.loads(r[24]) if r[24] else None,
     )
 
 
@@ -201,7 +206,7 @@ class ActiveJobs:
     def put(self, job: JobRecord) -> None:
         """Add or replace ``job`` (a row just read); an ended job leaves."""
         self.drop(job.id)
-        if job.state == SCHEDULED:
+        if job.state == SCHEDULED or job.state == RESERVED:
             self.running[job.id] = job
         elif job.state == QUEUED:
             insort(self.queue, _queue_key(job))
@@ -215,7 +220,7 @@ class ActiveJobs:
         old = self.jobs.pop(job_id, None)
         if old is None:
             return
-        if old.state == SCHEDULED:
+        if old.state == SCHEDULED or old.state == RESERVED:
             del self.running[job_id]
             return
         key = _queue_key(old)
@@ -251,6 +256,8 @@ class JobTable:
                 conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
             if "umask" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN umask INTEGER")
+            if "gang" not in columns:  # a database from before the column
+                conn.execute("ALTER TABLE jobs ADD COLUMN gang TEXT")
 
     # -- the writer's copy of the active jobs ----------------------------------------------
     def reload(self) -> None:
@@ -316,13 +323,14 @@ class JobTable:
         argv: list[str] | None = None,
         cwd: str | None = None,
         umask: int | None = None,
+        gang: dict[str, Any] | None = None,
     ) -> int:
         now = time.time()
         cur = self.conn.execute(
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
-            " experiment_id, trial_id, submitted_at, argv, cwd, umask)"
+            " experiment_id, trial_id, submitted_at, argv, cwd, umask, gang)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            f" ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
+            f" ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -337,6 +345,7 @@ class JobTable:
                 json.dumps(argv) if argv is not None else None,
                 cwd,
                 umask,
+                json.dumps(gang) if gang is not None else None,
             ),
         )
         rows = cur.fetchall()
@@ -403,6 +412,25 @@ class JobTable:
             JobState.SCHEDULED,
             "slots=?, run_id=?, started_at=?, pid=NULL, pid_start=NULL, preempt_acked=0",
             (json.dumps(list(slots)), run_id, time.time()),
+        )
+
+    def reserve(self, job_id: int, slots: Iterable[int], run_id: int) -> None:
+        """A gang's share holds its slots (durable) while the other machines get ready."""
+        self._move(
+            job_id,
+            JobState.RESERVED,
+            "slots=?, run_id=?, started_at=?, pid=NULL, pid_start=NULL, preempt_acked=0",
+            (json.dumps(list(slots)), run_id, time.time()),
+        )
+
+    def commit(self, job_id: int) -> None:
+        """A reserved share's gang is committed: its process is spawned next."""
+        self._move(job_id, JobState.SCHEDULED, "started_at=?", (time.time(),))
+
+    def set_gang(self, job_id: int, gang: dict[str, Any] | None, slots_needed: int) -> None:
+        self._update(
+            "UPDATE jobs SET gang=?, slots_needed=? WHERE id=?",
+            (json.dumps(gang) if gang is not None else None, slots_needed, job_id),
         )
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:

@@ -106,6 +106,7 @@ class JobState(str, enum.Enum):
     ended by a pause is queued again when its experiment is activated (DONE -> QUEUED)."""
 
     QUEUED = "QUEUED"
+    RESERVED = "RESERVED"  # a share of a gang across machines: slots held, nothing spawned yet
     SCHEDULED = "SCHEDULED"
     DONE = "DONE"
     CANCELED = "CANCELED"
@@ -119,12 +120,14 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-JOB_ACTIVE = frozenset({JobState.QUEUED, JobState.SCHEDULED})
+JOB_ACTIVE = frozenset({JobState.QUEUED, JobState.RESERVED, JobState.SCHEDULED})
 
 _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # started; ended while waiting (its trial stopped, a command removed); canceled while queued
-    _J.QUEUED: frozenset({_J.SCHEDULED, _J.DONE, _J.CANCELED}),
+    _J.QUEUED: frozenset({_J.SCHEDULED, _J.RESERVED, _J.DONE, _J.CANCELED}),
+    # a gang's share: committed (its ranks spawn); released (wounded, lease over); aborted
+    _J.RESERVED: frozenset({_J.SCHEDULED, _J.QUEUED, _J.DONE}),
     # preempted or never spawned (back in the queue, in its place); its process ended
     _J.SCHEDULED: frozenset({_J.QUEUED, _J.DONE}),
     # a trial's job queued again (its experiment activated, its trial resumed)

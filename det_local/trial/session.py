@@ -289,5 +289,12 @@ def get_session() -> Session | None:
                 int(os.environ["DET_TRIAL_ID"]),
                 int(os.environ.get("DET_TRIAL_RUN_ID", "1")),
                 int(os.environ.get("RANK", "0") or 0),
+                # a rank of another machine's trial: this daemon relays it (federate/)
+                hello=_relay_hello(),
             )
     return _session
+
+
+def _relay_hello() -> dict[str, Any] | None:
+    raw = os.environ.get("DET_LOCAL_RELAY_JOB")
+    return {"relay": int(raw)} if raw and raw.isdigit() else None
