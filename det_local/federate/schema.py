@@ -258,3 +258,25 @@ def check_slots(value: Any) -> str | None:
             if isinstance(val, str) and len(val) > 256:
                 return "a slot row with a value over 256 characters"
     return None
+
+
+# -- blob {digest, off, total, data, last}: a chunk of a context tar (federate/blobs.py) -------
+BLOB_CHUNK_MAX = 1024 * 1024  # data per chunk; the 1 MiB session frame makes it 1023 KiB
+BLOB_TOTAL_MAX = 2 * 95 * 1024 * 1024  # blobs.tar_cap(MAX_CONTEXT_BYTES): content + headers
+
+
+def _sha256_hex(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def _blob_data(v: Any) -> bool:
+    return isinstance(v, bytes) and len(v) <= BLOB_CHUNK_MAX
+
+
+SCHEMAS["blob"] = {
+    "digest": (_sha256_hex, True),
+    "off": (_int(0, BLOB_TOTAL_MAX), True),
+    "total": (_int(1, BLOB_TOTAL_MAX), True),
+    "data": (_blob_data, True),
+    "last": (_bool, True),
+}
