@@ -228,6 +228,7 @@ class Gangs:
             spec = self.view.gang_spec(job)
             from det_local.federate.blobs import pack_context
 
+            assert job.experiment_id is not None
             src = Path(self.view.context_of(job.experiment_id))
             out = self.view.paths.home / "fed" / "outgoing"
             packed = await asyncio.get_running_loop().run_in_executor(None, pack_context, src, out)
@@ -277,8 +278,11 @@ class Gangs:
         await self._request(node, msg)
 
     def _retry_later(self, job_id: int, after: float = 2.0) -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_later(after, lambda: self.view.release_held_back(job_id) and self.view.schedule())
+        def again() -> None:
+            if self.view.release_held_back(job_id):
+                self.view.schedule()
+
+        asyncio.get_running_loop().call_later(after, again)
 
     def on_ready(self, node: str, msg: dict[str, Any]) -> str | None:
         og = self.owned.get(msg["gang"])

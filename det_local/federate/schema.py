@@ -280,3 +280,4 @@ SCHEMAS["blob"] = {
     "data": (_blob_data, True),
     "last": (_bool, True),
 }
+SCHEMAS["blob"]["id"] = (_ID, False)  # the last chunk is a request: its reply says verified

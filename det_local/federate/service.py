@@ -42,7 +42,7 @@ from det_local.federate.transport import (
 )
 from det_local.sched.extensions import EngineView
 
-GANG_MESSAGES = frozenset(schema.GANG_SCHEMAS)
+GANG_MESSAGES = frozenset([*schema.GANG_SCHEMAS, "blob"])
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
 REATTACH_S = 10.0

@@ -207,7 +207,7 @@ class GangShares:
             ports=dict(commit["ports"]),
         )
         from det_local.sched import trialstart, userfiles
-        from det_local.sched.users import identity_of
+        from det_local.sched.users import identity as identity_of
 
         identity = identity_of(job.uid)
         owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
