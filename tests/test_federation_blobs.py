@@ -28,8 +28,10 @@ from det_local.federate.blobs import (
     Packed,
     pack_context,
     send_context,
+    tar_cap,
 )
 from det_local.federate.transport import Me, Session
+from det_local.store.context import MAX_CONTEXT_BYTES
 
 MiB = 1024 * 1024
 
@@ -448,6 +450,7 @@ def test_abandon_and_restart_clean_up(tmp_path: Path) -> None:
 
 
 def test_blob_schema_and_frame_size() -> None:
+    assert tar_cap(MAX_CONTEXT_BYTES) == schema.BLOB_TOTAL_MAX  # the wire's bound is the cache's
     good = {"t": "blob", "digest": "0f" * 32, "off": 0, "total": 10, "data": b"x", "last": False}
     assert schema.check(good) is None
     bad = {
