@@ -147,7 +147,9 @@ class Gangs:
         if self._contexts is None:
             from det_local.federate.blobs import ContextCache
 
-            self._contexts = ContextCache(self.view.paths.home / "fed" / "contexts")
+            fed = self.view.paths.home / "fed"
+            fed.mkdir(mode=0o755, exist_ok=True)  # the ranks (any user) reach their context
+            self._contexts = ContextCache(fed / "contexts")
         return self._contexts
 
     # ================================================================== fit (Placer.fit)
@@ -563,6 +565,7 @@ class Gangs:
         )
         self.members[gang] = MemberGang(gang, node, job_id, run)
         self.wound_younger()
+        self.view.schedule()
         return "queued"
 
     def member_started(self, job: JobRecord) -> None:

@@ -484,6 +484,9 @@ class Federation:
             value: Any = None
             if kind == "has":
                 value = g.on_has(msg)
+            elif kind == "blob" and msg["last"]:  # verified and extracted off the loop
+                self._spawn(self._last_blob(link, msg))
+                return
             elif kind == "blob":
                 g.on_blob(msg)
             elif kind == "reserve":
@@ -515,6 +518,18 @@ class Federation:
                     link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
         except (OSError, ConnectionError):
             pass
+
+    async def _last_blob(self, link: Link, msg: dict[str, Any]) -> None:
+        reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.gangs.on_blob, msg)
+            reply["value"] = True
+        except DetLocalError as err:
+            self.view.log(f"federation: refused a context from {link.node}: {err}")
+            reply["error"] = str(err)[:1000]
+        if "id" in msg:
+            with contextlib.suppress(Exception):
+                link.session.send_now(reply)
 
     async def _answer(self, link: Link, msg: dict[str, Any]) -> None:
         try:

@@ -177,8 +177,7 @@ class GangShares:
         if younger:
             first = min(younger, key=lambda j: j.position)
             jobs.set_position(job_id, jobs.neighbour_position(first.id, ahead=True))
-        self.engine.queue.schedule()
-        return job_id
+        return job_id  # the caller runs a scheduling pass once it tracks the share
 
     def launch_member(
         self, job_id: int, commit: dict[str, Any], context: Path, rendezvous: Rendezvous
@@ -220,7 +219,7 @@ class GangShares:
 
         latest = commit.get("latest_checkpoint")
         steps = int(commit.get("steps_completed") or 0)
-        info = trialstart.cluster_info(
+        info = trialstart._cluster_info(
             engine.paths,
             int(spec["experiment_id"]),
             _Trial,
