@@ -23,10 +23,11 @@ from typing import Protocol
 from det_local.sched import unmanaged
 from det_local.sched.commands import Commands
 from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.gangs import MEMBER, GangShares
 from det_local.sched.jobqueue import TRIAL
 from det_local.sched.launcher import Lost
 from det_local.sched.supervisor import Supervisor
-from det_local.store.jobs import SCHEDULED, JobRecord
+from det_local.store.jobs import RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import State, Stopping
 
 
@@ -37,6 +38,7 @@ class Restarting(unmanaged.Engine, Protocol):
     runs: dict[int, TrialRun]
     supervisor: Supervisor
     commands: Commands
+    gangs: GangShares
 
     def adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun: ...
 
@@ -65,6 +67,15 @@ def recover(engine: Restarting) -> None:
     settled: list[tuple[JobRecord, Lost]] = []
     live: set[str] = set()
     for job in store.jobs.active():
+        if job.state == RESERVED:  # a gang's share never committed: its owner places it again
+            if job.kind == MEMBER:
+                store.jobs.finish(job.id, None, "the daemon restarted before its gang committed")
+            else:
+                store.jobs.requeue(job.id)
+            continue
+        if job.kind == MEMBER and job.state != SCHEDULED:
+            store.jobs.finish(job.id, None, "the daemon restarted; its owner places it again")
+            continue
         if job.state != SCHEDULED:
             continue
         job, found = engine.supervisor.adopt(job)
@@ -93,6 +104,17 @@ def recover(engine: Restarting) -> None:
 
 
 def _adopted(engine: Restarting, job: JobRecord) -> None:
+    if job.kind == MEMBER:  # its link to the gang's owner is gone with the old daemon
+        engine.note(f"member job {job.id} (pid {job.pid}) outlived its daemon: stopping its ranks")
+        if job.pid is not None:
+            engine.supervisor.terminate(job.id, job.pid)
+        return
+    if job.gang is not None and job.kind == TRIAL:  # its members stopped when this daemon died
+        assert job.experiment_id is not None
+        lost_run = engine.adopt_trial(engine.experiment(job.experiment_id), job)
+        engine.gangs.peer_lost[lost_run.trial_id] = "the owner's daemon restarted mid-trial"
+        engine.terminate(lost_run)
+        return
     if job.kind == TRIAL:
         assert job.experiment_id is not None and job.trial_id is not None
         engine.adopt_trial(engine.experiment(job.experiment_id), job)
@@ -113,6 +135,9 @@ def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
     process never started; lost.problem: why its exit record was refused)."""
     if lost.problem is not None:
         engine.note(f"job {job.id}: {lost.problem}", level="WARNING")
+    if job.kind == MEMBER:
+        engine.store.jobs.finish(job.id, lost.code, "its ranks ended while the daemon was down")
+        return
     if job.kind != TRIAL:
         engine.commands.settle_lost(job, lost.code, lost.spawned, lost.problem)
         return
