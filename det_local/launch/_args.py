@@ -156,9 +156,55 @@ def slot_count() -> int:
     return max(1, len(slots))
 
 
+NNODES_ENV = "DET_LOCAL_NNODES"
+NODE_RANK_ENV = "DET_LOCAL_NODE_RANK"
+
+
 def chief_ip() -> str:
-    """Where the chief is reached: this machine (det-local runs a trial on one machine)."""
-    return "127.0.0.1"
+    """Where the chief is reached: DET_CHIEF_IP (set for a trial whose ranks run on several
+    machines: the chief's LAN address), else this machine."""
+    return os.environ.get("DET_CHIEF_IP") or "127.0.0.1"
+
+
+def nnodes() -> int:
+    """How many machines the trial's ranks run on: DET_LOCAL_NNODES, 1 when unset."""
+    raw = os.environ.get(NNODES_ENV)
+    if not raw:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise LaunchError(
+            f"{NNODES_ENV}={raw!r} is not a number of machines (an integer >= 1); det-local "
+            f"sets it for a multi-node trial: unset it to run on this machine alone"
+        )
+    return value
+
+
+def nodes() -> tuple[int, int]:
+    """(nnodes, node_rank), both checked: what every launcher reads before it starts."""
+    return nnodes(), node_rank()
+
+
+def node_rank() -> int:
+    """This machine's index among the trial's: DET_LOCAL_NODE_RANK, 0 when unset; it must lie
+    in 0..DET_LOCAL_NNODES-1."""
+    count = nnodes()
+    raw = os.environ.get(NODE_RANK_ENV)
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value < count:
+        raise LaunchError(
+            f"{NODE_RANK_ENV}={raw!r} is not a node rank in 0..{count - 1} "
+            f"({NNODES_ENV}={count}); give each machine of the trial its own rank, the chief 0"
+        )
+    return value
 
 
 def port(name: str, default: int) -> int:

@@ -21,6 +21,15 @@ per slot of the trial, as Determined's launcher does on one machine:
   checked against the slot count: ``train_batch_size`` must equal
   ``train_micro_batch_size_per_gpu * gradient_accumulation_steps * slots``.
 
+On several machines (DET_LOCAL_NNODES > 1, one launcher per machine) there is no hostfile,
+pdsh or ssh: each machine runs its workers under torch.distributed.run, with the contract of
+``torch_distributed`` (``--nnodes $DET_LOCAL_NNODES --node_rank $DET_LOCAL_NODE_RANK
+--master_addr $DET_CHIEF_IP --master_port $C10D_PORT``), and adds what DeepSpeed's own per-node
+launcher sets and torchrun does not: LOCAL_SIZE (this machine's slots), CROSS_RANK (its node
+rank), CROSS_SIZE (the number of machines). DeepSpeed's ``init_distributed()`` reads torchrun's
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. DeepSpeed launcher overrides have
+nothing to apply to there and are refused; the batch-size check counts every machine's slots.
+
 Without DeepSpeed installed (no ``deepspeed`` command) it fails in one line naming the
 alternative. The tree runs under the launcher supervision of ``supervise``.
 """
@@ -36,7 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from det_local.launch import _args
+from det_local.launch import _args, torch_distributed
 from det_local.launch.supervise import Supervisor
 from det_local.launch.wrap_rank import VISIBLE_DEVICES_ENV
 
@@ -180,6 +189,8 @@ def plan(argv: list[str], workdir: str) -> tuple[list[str], dict[str, str], int]
     if deepspeed is None:
         raise _args.LaunchError(NOT_INSTALLED)
     slots = _args.slot_count()
+    if _args.nodes()[0] > 1:
+        return _multi_node_plan(launch, slots)
     found = find_config(launch.script)
     if found is not None:
         check_batch_sizes(found[0], found[1], slots)
@@ -201,6 +212,44 @@ def plan(argv: list[str], workdir: str) -> tuple[list[str], dict[str, str], int]
     return cmd, env, slots
 
 
+def world_slots(slots: int, nodes: int) -> int:
+    """The slots of every machine together: from the trial's rendezvous.json (its slot counts
+    per machine), else ``slots`` on each of ``nodes`` machines (Determined's equal fit)."""
+    from det_local.trial.info import get_cluster_info
+
+    info = get_cluster_info()
+    counts = info.container_slot_counts if info is not None else []
+    return sum(counts) if len(counts) == nodes else slots * nodes
+
+
+def _multi_node_plan(launch: _args.Launch, slots: int) -> tuple[list[str], dict[str, str], int]:
+    """This machine's part of a multi-node DeepSpeed trial: torch.distributed.run, as
+    ``torch_distributed`` runs it, plus DeepSpeed's LOCAL_SIZE, CROSS_RANK and CROSS_SIZE."""
+    nodes, rank = _args.nnodes(), _args.node_rank()
+    if launch.overrides:
+        raise _args.LaunchError(
+            f"DeepSpeed launcher overrides ({' '.join(launch.overrides)}) do not apply to a "
+            f"trial on {nodes} machines: det-local runs each machine's workers under "
+            "torch.distributed.run, without DeepSpeed's runner; remove them"
+        )
+    found = find_config(launch.script)
+    if found is not None:
+        check_batch_sizes(found[0], found[1], world_slots(slots, nodes))
+    port = _args.port("C10D_PORT", DEFAULT_MASTER_PORT)
+    cmd = torch_distributed.create_launch_cmd(
+        slots, port, [], launch.script, nnodes=nodes, node_rank=rank
+    )
+    env = {
+        "USE_DEEPSPEED": "1",
+        "DET_CHIEF_IP": _args.chief_ip(),
+        "LOCAL_SIZE": str(slots),
+        "CROSS_RANK": str(rank),
+        "CROSS_SIZE": str(nodes),
+    }
+    env.update(torch_distributed.worker_threads(slots))
+    return cmd, env, slots
+
+
 def main(argv: list[str]) -> int:
     workdir = os.environ.get("DET_LOCAL_INFO_DIR") or ""
     own_dir = None
@@ -208,9 +257,12 @@ def main(argv: list[str]) -> int:
         own_dir = workdir = tempfile.mkdtemp(prefix="det-local-deepspeed-")
     try:
         cmd, extra_env, slots = plan(argv, workdir)
+        if _args.nnodes() > 1:  # torchrun's store listens on the chief
+            torch_distributed.check_port_free(torch_distributed.master_port(cmd))
         env = dict(os.environ)
         env.update(extra_env)
-        return Supervisor(slots).run(cmd, env, "deepspeed")
+        tool = "torch.distributed.run" if _args.nnodes() > 1 else "deepspeed"
+        return Supervisor(slots).run(cmd, env, tool)
     finally:
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)

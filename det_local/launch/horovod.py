@@ -10,7 +10,9 @@ machine:
         python -m det_local.launch.wrap_rank HOROVOD_RANK,OMPI_COMM_WORLD_RANK,PMI_RANK -- SCRIPT
 
 With ``--autohorovod`` a one-slot trial runs SCRIPT directly. Without Horovod installed (no
-``horovodrun``) it fails in one line naming the alternative, torch_distributed.
+``horovodrun``) it fails in one line naming the alternative, torch_distributed. A trial whose
+ranks run on several machines (DET_LOCAL_NNODES > 1) is refused: det-local runs Horovod on one
+machine only (horovodrun would need ssh between the machines).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ NOT_INSTALLED = (
     "Horovod is not installed in this environment (no `horovodrun` command on PATH), and the "
     "Horovod launcher is deprecated; launch with "
     "`python3 -m determined.launch.torch_distributed` instead (or pip install horovod)"
+)
+
+MULTI_NODE = (
+    "Horovod multi-node is not supported: this trial runs on {nodes} machines "
+    "(DET_LOCAL_NNODES={nodes}); launch it with `python3 -m determined.launch.torch_distributed` "
+    "or `python3 -m determined.launch.deepspeed`, or fit it on one machine"
 )
 
 
@@ -86,6 +94,9 @@ def plan(argv: list[str]) -> tuple[list[str], dict[str, str], int]:
     if autohorovod:
         args = args[1:]
     launch = _args.parse(args, PROG, "horovodrun")
+    nodes, _ = _args.nodes()
+    if nodes > 1:
+        raise _args.LaunchError(MULTI_NODE.format(nodes=nodes))
     slots = _args.slot_count()
     env = {"DET_CHIEF_IP": _args.chief_ip()}
     if autohorovod and slots <= 1:

@@ -209,9 +209,11 @@ def trial_extra(
     visible_devices: str,
     ports: Mapping[str, str],
     test_mode: bool,
+    rendezvous: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The `extra` of :func:`trial_env`, as K=V strings in the order they apply: the config's
-    environment_variables, then det-local's own (threads, test mode, devices, ports)."""
+    environment_variables, then det-local's own (threads, test mode, devices, ports, and a
+    multi-node trial's rendezvous variables)."""
     user = config_env_vars(config)
     return (
         user
@@ -220,6 +222,7 @@ def trial_extra(
         + (["DET_LOCAL_TEST_MODE=1"] if test_mode else [])
         + [f"CUDA_VISIBLE_DEVICES={visible_devices}"]
         + [f"{k}={v}" for k, v in ports.items()]
+        + [f"{k}={v}" for k, v in (rendezvous or {}).items()]
     )
 
 

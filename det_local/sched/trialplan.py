@@ -6,6 +6,10 @@ The engine builds every trial's plan here before it spawns it, and `det-local co
 builds the first trial's plan with the same function (`sched/preview.py`), so what the dry run
 shows is what a launch does. Building a plan touches nothing: no file is written, no port is
 bound (the ports are chosen by the caller), no process is started.
+
+A trial whose ranks run on several machines gets one plan per node, each from facts with the
+same ``ports`` (the chief's) and a :class:`~det_local.sched.rendezvous.Rendezvous` naming that
+node's rank; without one (None) the plan is a single-node plan, as it always was.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from det_local.sched import slots as hardware
-from det_local.sched.plan import LaunchPlan, base_env, entrypoint_argv, trial_env, trial_extra
+from det_local.sched.plan import (
+    LaunchPlan,
+    base_env,
+    config_env_vars,
+    entrypoint_argv,
+    trial_env,
+    trial_extra,
+)
+from det_local.sched.rendezvous import SHARED_PORTS, Rendezvous, RendezvousError
 from det_local.store.paths import Paths
 
 
@@ -45,6 +57,12 @@ class TrialFacts:
     ports: Mapping[str, int] = field(default_factory=dict)  # rendezvous ports (chosen free)
     identity: Mapping[str, Any] = field(default_factory=dict)  # uid/gid/groups (system mode)
     admin_gid: int | None = None  # the admin group's ACL entry on its files (system mode)
+    # a multi-node trial: where its nodes meet and which one this is (None: one machine)
+    rendezvous: Rendezvous | None = None
+    # where this node keeps the run's info files and output (None: the paths derived from the
+    # experiment and trial ids; a node running another node's trial keeps them elsewhere)
+    info_dir: Path | None = None
+    log_path: Path | None = None
 
 
 def build_trial_plan(
@@ -58,7 +76,10 @@ def build_trial_plan(
     ones (`config check`, for what only a launch decides: ports, devices, the token); the
     plan is otherwise the one a launch carries out."""
     config = facts.config
-    info_dir = paths.trial_info_dir(facts.experiment_id, facts.trial_id, facts.run_id)
+    info_dir = facts.info_dir or paths.trial_info_dir(
+        facts.experiment_id, facts.trial_id, facts.run_id
+    )
+    log_path = facts.log_path or paths.trial_log(facts.experiment_id, facts.trial_id)
     # a clean environment: the submitter's allow-listed variables, never the daemon's
     base = base_env(facts.captured_env, facts.uid)
     extra = trial_extra(
@@ -69,6 +90,7 @@ def build_trial_plan(
         visible_devices=inventory.visible_devices(facts.slots),
         ports={name: str(port) for name, port in facts.ports.items()},
         test_mode=facts.test_mode,
+        rendezvous=_rendezvous_env(facts),
     )
     if facts.admin_gid is not None:  # its checkpoints get the admin group's ACL entry
         extra.append(f"DET_LOCAL_ADMIN_GID={facts.admin_gid}")
@@ -99,10 +121,27 @@ def build_trial_plan(
         cwd=str(facts.context),
         user=facts.user,
         slots=list(facts.slots),
-        log_path=str(paths.trial_log(facts.experiment_id, facts.trial_id)),
+        log_path=str(log_path),
         info_dir=str(info_dir),
         ports=dict(facts.ports),
         umask=facts.umask,
         admin_gid=facts.admin_gid,
         **dict(facts.identity),
     )
+
+
+def _rendezvous_env(facts: TrialFacts) -> dict[str, str]:
+    """A multi-node trial's variables (``Rendezvous.to_env``); {} on one machine. Every node
+    must be given the chief's ports: a node left to Determined's fixed defaults would wait for
+    the others at a port nobody chose."""
+    rdzv = facts.rendezvous
+    if rdzv is None:
+        return {}
+    missing = [name for name in SHARED_PORTS if name not in facts.ports]
+    if rdzv.nnodes > 1 and missing:
+        raise RendezvousError(
+            f"trial {facts.trial_id} (node {rdzv.node_rank} of {rdzv.nnodes}): the plan has no "
+            f"{', '.join(missing)}; pass the chief's ports in TrialFacts.ports on every node"
+        )
+    configured = {item.partition("=")[0] for item in config_env_vars(facts.config)}
+    return rdzv.to_env(configured)

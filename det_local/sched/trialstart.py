@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from det_local.sched import ckpt_gc, executor, userfiles
 from det_local.sched import slots as hardware
 from det_local.sched.experiments import ExperimentRun, TrialRun
 from det_local.sched.plan import LaunchPlan
+from det_local.sched.rendezvous import Rendezvous, RendezvousError
 from det_local.sched.trialplan import TrialFacts, build_trial_plan
 from det_local.sched.users import identity as identity_of
 from det_local.store.db import Store
@@ -62,9 +63,16 @@ class TrialStarter:
         token: str,
         run_id: int,
         ports_in_use: Collection[int],
+        *,
+        rendezvous: Rendezvous | None = None,
+        ports: Mapping[str, int] | None = None,
     ) -> tuple[LaunchPlan, TrialRun]:
         """The plan of the trial's run on these slots, its run directory written and its
-        checkpoint storage made; StartFailed when it cannot start."""
+        checkpoint storage made; StartFailed when it cannot start.
+
+        A multi-node trial: ``rendezvous`` is this node's, and ``ports`` the chief's (chosen
+        once, e.g. with ``allocate_ports``, and the same on every node); without ``ports`` this
+        node chooses them (a single-node trial, or the chief before it tells the others)."""
         assert job.trial_id is not None
         trial_id = job.trial_id
         try:
@@ -87,7 +95,17 @@ class TrialStarter:
         info_dir = self.paths.trial_info_dir(exp.id, trial_id, run_id)
         config = rec.config
         info = _cluster_info(
-            self.paths, exp.id, trial, run_id, config, slots, token, latest, steps, gpu_uuids
+            self.paths,
+            exp.id,
+            trial,
+            run_id,
+            config,
+            slots,
+            token,
+            latest,
+            steps,
+            gpu_uuids,
+            rendezvous=rendezvous,
         )
         identity = identity_of(job.uid)
         self._remove_incomplete(exp, trial_id, identity)
@@ -100,34 +118,38 @@ class TrialStarter:
                 f"trial {trial_id}: cannot write its run directory {info_dir}: {why}"
             ) from None
         # unique rendezvous ports per running trial, so two multi-slot trials never collide
-        ports = allocate_ports(in_use=ports_in_use)
-        plan = build_trial_plan(
-            TrialFacts(
-                experiment_id=exp.id,
-                trial_id=trial_id,
-                run_id=run_id,
-                seed=trial.seed,
-                hparams=trial.hparams,
-                config=config,
-                context=Path(rec.context_dir),
-                steps_completed=steps,
-                latest_checkpoint=latest,
-                slots=list(slots),
-                token=token,
-                user=job.user,
-                uid=job.uid,
-                umask=job.umask,
-                checkpoint_dir=exp.checkpoint_dir,
-                slots_per_trial=int(exp.config.resources.slots_per_trial),
-                captured_env=captured,
-                test_mode=exp.test_mode,
-                ports=ports,
-                identity=identity,
-                admin_gid=owner.admin_gid if owner is not None else None,
-            ),
-            self.paths,
-            self.inventory,
-        )
+        ports = dict(ports) if ports is not None else allocate_ports(in_use=ports_in_use)
+        try:
+            plan = build_trial_plan(
+                TrialFacts(
+                    experiment_id=exp.id,
+                    trial_id=trial_id,
+                    run_id=run_id,
+                    seed=trial.seed,
+                    hparams=trial.hparams,
+                    config=config,
+                    context=Path(rec.context_dir),
+                    steps_completed=steps,
+                    latest_checkpoint=latest,
+                    slots=list(slots),
+                    token=token,
+                    user=job.user,
+                    uid=job.uid,
+                    umask=job.umask,
+                    checkpoint_dir=exp.checkpoint_dir,
+                    slots_per_trial=int(exp.config.resources.slots_per_trial),
+                    captured_env=captured,
+                    test_mode=exp.test_mode,
+                    ports=ports,
+                    identity=identity,
+                    admin_gid=owner.admin_gid if owner is not None else None,
+                    rendezvous=rendezvous,
+                ),
+                self.paths,
+                self.inventory,
+            )
+        except RendezvousError as err:  # a rendezvous without the chief's ports
+            raise StartFailed(str(err)) from None
         try:  # a storage path of the user's choosing is created with the user's rights
             with executor.acting_as(**identity):
                 if owner is None:
@@ -248,9 +270,21 @@ def _cluster_info(
     latest: str | None,
     steps: int,
     gpu_uuids: list[str],
+    *,
+    rendezvous: Rendezvous | None = None,
 ) -> Any:
-    from det_local.trial.info import ClusterInfo, ResourcesInfo, TrialInfo
+    """The run's ClusterInfo (what ``det.get_cluster_info()`` reads back inside the trial).
+    ``trial``: anything with ``id``, ``seed`` and ``hparams``. Its RendezvousInfo is the
+    rendezvous's addrs, node rank and slot counts; on one machine (None)
+    ``(["127.0.0.1"], 0, [len(slots)])``."""
+    from det_local.trial.info import ClusterInfo, RendezvousInfo, ResourcesInfo, TrialInfo
 
+    if rendezvous is None:
+        rdzv = RendezvousInfo(["127.0.0.1"], 0, [len(slots)])
+    else:
+        rdzv = RendezvousInfo(
+            list(rendezvous.addrs), rendezvous.node_rank, list(rendezvous.slot_counts)
+        )
     return ClusterInfo(
         master_url="unix://" + str(paths.socket),
         cluster_id="det-local",
@@ -270,8 +304,10 @@ def _cluster_info(
             steps_completed=steps,
             trial_run_id=run_id,
             debug=bool(config.get("debug")),
+            inter_node_network_interface=rendezvous.ifname if rendezvous else None,
         ),
         user_data=config.get("data") or {},
+        rendezvous_info=rdzv,
         resources_info=ResourcesInfo(gpu_uuids),
     )
 

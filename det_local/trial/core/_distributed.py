@@ -4,8 +4,11 @@ As Determined's: rank/size/local/cross numbers from the launcher's environment, 
 allgather / broadcast of picklable Python objects across all ranks or the ranks of one machine.
 These need no torch: they run over det-local's own sockets (``_hub``), a TCP hub on the chief
 at INTER_TRAIN_PROCESS_COMM_PORT_1 (+ port_offset) for the trial and, when the trial spans
-several machines, a unix-socket hub per machine. On one machine (every trial det-local runs
-today) the machine's group is the trial's, and the same connections carry both.
+several machines, a unix-socket hub per machine. On one machine the chief listens on loopback
+and the machine's group is the trial's, so the same connections carry both; on several the
+chief listens on DET_CHIEF_IP (its LAN address, or every interface when that address is not
+its own), and the members dial DET_CHIEF_IP:INTER_TRAIN_PROCESS_COMM_PORT_1. Every node must
+share the secret (DET_LOCAL_DIST_SECRET: each node's session token is its own).
 
 Constructing one is itself a collective: every rank must construct it, and the ranks check
 that they agree on the sizes. A peer that exits makes the collectives of the others raise
@@ -14,6 +17,7 @@ that they agree on the sizes. A peer that exits makes the collectives of the oth
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -85,6 +89,14 @@ class _Group:
             self.hub.close()
         if self.link is not None:
             self.link.close()
+
+
+def _not_here(err: OSError) -> bool:
+    """A bind failed because the address is not one of this machine's (or not an address)."""
+    return isinstance(err, socket.gaierror) or err.errno in (
+        errno.EADDRNOTAVAIL,
+        errno.EAFNOSUPPORT,
+    )
 
 
 def _close_groups(groups: list[_Group], tempdir: list[str]) -> None:
@@ -184,9 +196,17 @@ class DistributedContext:
         timeout = _hub.connect_timeout()
         one_machine = self.local_size == self.size
         if self._is_chief:
-            host = "127.0.0.1" if one_machine else "0.0.0.0"
+            # one machine: loopback only; several: the chief's address the others dial
+            # (DET_CHIEF_IP), or every interface when that is not one of this machine's
+            host = "127.0.0.1" if one_machine else self._chief_ip
             try:
-                listener, _ = _hub.listen(("tcp", host, self._pub_port), self.size)
+                try:
+                    listener, _ = _hub.listen(("tcp", host, self._pub_port), self.size)
+                except OSError as err:
+                    if one_machine or not _not_here(err):
+                        raise
+                    host = "0.0.0.0"
+                    listener, _ = _hub.listen(("tcp", host, self._pub_port), self.size)
             except OSError as err:
                 raise DistributedError(
                     f"the chief (rank 0) cannot listen on {host}:{self._pub_port} "
@@ -211,18 +231,20 @@ class DistributedContext:
         me = (self.rank, self.local_rank, self.cross_rank, self.size, self.local_size)
         everyone = self._global.allgather((*me, self.cross_size))
         self._check_world(everyone)
-        if self.local_size < 2:
-            return
         if self.cross_size == 1 and all(r == lr for r, lr, *_ in everyone):
             self._local = self._global  # one machine: its group is the trial's
             return
+        # every rank decides alike (from what all of them said): a machine that runs one rank
+        # still takes part in the collective that sets up the other machines' groups
+        if max(e[4] for e in everyone) < 2:
+            return  # one rank per machine: no machine has a group of its own
         self._init_local(key, timeout, force_tcp)
 
     def _init_local(self, key: bytes, timeout: float, force_tcp: bool) -> None:
         assert self._global is not None
         listener: socket.socket | None = None
         addr: _hub.Address | None = None
-        if self._is_local_chief:
+        if self._is_local_chief and self.local_size > 1:
             if force_tcp or not hasattr(socket, "AF_UNIX"):
                 listener, addr = _hub.listen(("tcp", "127.0.0.1", 0), self.local_size)
             else:
@@ -232,6 +254,8 @@ class DistributedContext:
                     ("unix", os.path.join(tempdir, "local.sock")), self.local_size
                 )
         chiefs = self._global.allgather((self.cross_rank, addr) if addr else None)
+        if self.local_size < 2:
+            return  # alone on its machine: gather_local() and co. need no group
         if listener is not None:
             hub = _hub.Hub(
                 listener,
