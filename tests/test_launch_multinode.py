@@ -39,6 +39,7 @@ from det_local.sched.rendezvous import (
 from det_local.sched.trialplan import TrialFacts, build_trial_plan
 from det_local.sched.trialstart import _cluster_info, write_info
 from det_local.store.paths import Paths
+from det_local.trial import info as info_module
 from det_local.trial.core import DistributedContext
 from det_local.trial.info import ClusterInfo
 
@@ -457,6 +458,19 @@ def test_deepspeed_multi_node_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "ds.json").write_text(json.dumps(config))
     with pytest.raises(LaunchError, match=r"train_batch_size 4 is not a multiple of .* 4 slots"):
         deepspeed.plan(ok, str(tmp_path))
+    # machines of different sizes: the trial's rendezvous.json has every machine's slots
+    rdzv = Rendezvous(["10.1.0.5", "10.1.0.7"], 1, [2, 1], None, SECRET)
+    trial = SimpleNamespace(id=12, seed=99, hparams={})
+    args = (Paths(tmp_path / "home"), 7, trial, 3, CONFIG, [0], "tok", None, 0, [])
+    write_info(_cluster_info(*args, rendezvous=rdzv), tmp_path / "info", None)
+    monkeypatch.setenv("DET_LOCAL_INFO_DIR", str(tmp_path / "info"))
+    monkeypatch.setattr(info_module, "_loaded", False)  # get_cluster_info() caches
+    monkeypatch.setattr(info_module, "_info", None)
+    monkeypatch.setenv("DET_SLOT_IDS", "[0]")
+    assert deepspeed.world_slots(1, 2) == 3
+    config["train_batch_size"] = 6  # 2 x (2 + 1) slots
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    deepspeed.plan(ok, str(tmp_path))
 
 
 @pytest.mark.parametrize(("chief_ip", "bound"), [(LOOPBACK, LOOPBACK), (NOT_HERE, "0.0.0.0")])
@@ -493,6 +507,38 @@ def test_hub_listens_where_the_others_dial(
     chief.join(60)
     member.join(60)
     assert got == {0: [0, 7], 1: [0, 7]}
+
+
+def test_machines_of_different_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks on machine 0, one on machine 1: the lone rank takes part in setting up machine
+    0's own group (it used to skip that collective, and everyone hung)."""
+    monkeypatch.setenv("DET_LOCAL_DIST_SECRET", SECRET)
+    port = allocate_ports()["INTER_TRAIN_PROCESS_COMM_PORT_1"]
+    layout = {0: (0, 2, 0), 1: (1, 2, 0), 2: (0, 1, 1)}  # rank: (local_rank, local_size, node)
+    got: dict[int, Any] = {}
+
+    def rank(r: int) -> None:
+        local_rank, local_size, node = layout[r]
+        try:
+            ctx = DistributedContext(
+                rank=r, size=3, local_rank=local_rank, local_size=local_size, cross_rank=node,
+                cross_size=2, chief_ip=LOOPBACK, pub_port=port,
+            )  # fmt: skip
+            got[r] = (ctx.allgather(r), ctx.allgather_local(r), ctx.broadcast_local(f"n{r}"))
+            ctx.close()
+        except Exception as exc:  # reported by the assertion below
+            got[r] = repr(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in layout]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {
+        0: ([0, 1, 2], [0, 1], "n0"),
+        1: ([0, 1, 2], [0, 1], "n0"),
+        2: ([0, 1, 2], [2], "n2"),
+    }
 
 
 # ---------------------------------------------------------------------------- real runs
