@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -128,9 +130,11 @@ def _ports() -> dict[str, int]:
     return allocate_ports()
 
 
-def _rdzv(node_rank: int, counts: list[int], ifname: str | None = "lo") -> Rendezvous:
+def _rdzv(
+    node_rank: int, counts: list[int], ifname: str | None = "lo", addrs: list[str] | None = None
+) -> Rendezvous:
     return Rendezvous(
-        addrs=[LOOPBACK] * len(counts),
+        addrs=addrs or [LOOPBACK] * len(counts),
         node_rank=node_rank,
         slot_counts=counts,
         ifname=ifname,
@@ -542,9 +546,9 @@ def test_machines_of_different_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---------------------------------------------------------------------------- real runs
-def _start_node(plan: LaunchPlan, out: Path) -> subprocess.Popen[str]:
+def _start_node(plan: LaunchPlan, out: Path, wrap: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*plan.argv[:-1], plan.argv[-1] + f" {out}"],  # sh -c "<entrypoint> OUT"
+        [*wrap, *plan.argv[:-1], plan.argv[-1] + f" {out}"],  # sh -c "<entrypoint> OUT"
         cwd=plan.cwd,
         env=plan.env,
         stdout=subprocess.PIPE,
@@ -575,9 +579,14 @@ def _run_nodes(
     entrypoint: str,
     worker: str,
     counts: list[int],
+    *,
+    addrs: list[str] | None = None,
+    ifname: str | None = None,
+    wrap: Callable[[int], list[str]] = lambda node: [],
 ) -> tuple[list[tuple[int, str, str]], dict[str, int], Path]:
     """Build each node's plan (its rendezvous, the chief's ports), write its run directory,
-    start both launchers; [(returncode, stdout, stderr)] by node."""
+    start both launchers (``wrap(node)`` before each command line: where it runs);
+    [(returncode, stdout, stderr)] by node. Default: every node on loopback."""
     config = {**CONFIG, "entrypoint": entrypoint}
     ports = _ports()
     out = tmp_path / "out"
@@ -587,7 +596,7 @@ def _run_nodes(
     procs = []
     trial = SimpleNamespace(id=12, seed=99, hparams={"lr": 0.1})
     for node, count in enumerate(counts):
-        rdzv = _rdzv(node, counts, ifname=interface_of(LOOPBACK))
+        rdzv = _rdzv(node, counts, ifname=ifname or interface_of(LOOPBACK), addrs=addrs)
         info_dir = tmp_path / f"node{node}" / "info"
         facts = _facts(
             tmp_path,
@@ -605,7 +614,7 @@ def _run_nodes(
             paths, 7, trial, 3, config, facts.slots, facts.token, None, 0, [], rendezvous=rdzv
         )
         write_info(info, info_dir, None)
-        procs.append(_start_node(plan, out))
+        procs.append(_start_node(plan, out, wrap(node)))
     results = []
     try:
         for proc in procs:
@@ -685,3 +694,41 @@ def test_two_nodes_deepspeed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             "CROSS_SIZE": "2",
             "DET_DEEPSPEED_HOSTFILE_PATH": None,
         }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
+)
+def test_two_nodes_in_network_namespaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two machines for real: each node in its own network namespace (10.77.0.1 and .2 on a
+    bridge; each namespace has its own loopback), so torchrun's store, gloo and det-local's hub
+    all cross the bridge to the chief's LAN address, over the interface the plan names."""
+    from fednet import Net, sweep
+
+    sweep()
+    with Net(tmp_path / "net") as net:
+        nodes = [net.node(1), net.node(2)]
+        ip_cmd = shutil.which("ip")
+        assert ip_cmd is not None
+        results, ports, out = _run_nodes(
+            tmp_path,
+            monkeypatch,
+            "python3 -m determined.launch.torch_distributed python3 worker.py",
+            WORKER,
+            [1, 1],
+            addrs=[n.addr for n in nodes],
+            ifname="eth0",
+            wrap=lambda node: [ip_cmd, "netns", "exec", nodes[node].ns],
+        )
+    for code, _, err in results:
+        assert code == 0, err
+    for rank in (0, 1):
+        f = json.loads((out / f"facts-{rank}.json").read_text())
+        assert (f["rank"], f["size"], f["cross_rank"], f["cross_size"]) == (rank, 2, rank, 2)
+        assert f["allgather"] == [[0, 0], [1, 1]] and f["broadcast"] == "from rank 0"
+        assert f["all_reduce"] == 3.0 and f["torch_broadcast"] == 10.0
+        assert f["container_addrs"] == ["10.77.0.1", "10.77.0.2"]
+        assert f["env"]["DET_CHIEF_IP"] == f["env"]["MASTER_ADDR"] == "10.77.0.1"
+        assert f["env"]["GLOO_SOCKET_IFNAME"] == f["env"]["TP_SOCKET_IFNAME"] == "eth0"
+        assert f["env"]["C10D_PORT"] == str(ports["C10D_PORT"])
