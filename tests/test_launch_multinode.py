@@ -39,7 +39,7 @@ from det_local.sched.rendezvous import (
     interface_of,
 )
 from det_local.sched.trialplan import TrialFacts, build_trial_plan
-from det_local.sched.trialstart import _cluster_info, cluster_info, write_info
+from det_local.sched.trialstart import _cluster_info, write_info
 from det_local.store.paths import Paths
 from det_local.trial import info as info_module
 from det_local.trial.core import DistributedContext
@@ -302,15 +302,14 @@ def test_cluster_info_carries_the_rendezvous(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "home")
     rdzv = Rendezvous(["10.1.0.5", "10.1.0.7"], 1, [2, 1], "enp3s0", SECRET)
     args = (paths, 7, trial, 3, CONFIG, [4], "tok", None, 0, [])
-    write_info(cluster_info(*args, rendezvous=rdzv), tmp_path / "multi", None)
+    write_info(_cluster_info(*args, rendezvous=rdzv), tmp_path / "multi", None)
     info = ClusterInfo._from_files(tmp_path / "multi")
     assert info is not None
     assert info.container_addrs == ["10.1.0.5", "10.1.0.7"]
     assert info.container_rank == 1 and info.container_slot_counts == [2, 1]
     assert info.trial._inter_node_network_interface == "enp3s0"
     assert info.slot_ids == [4]
-    assert _cluster_info is cluster_info  # its earlier name still works
-    write_info(cluster_info(*args), tmp_path / "single", None)  # the callers of today
+    write_info(_cluster_info(*args), tmp_path / "single", None)  # the callers of today
     info = ClusterInfo._from_files(tmp_path / "single")
     assert info is not None
     assert (info.container_addrs, info.container_rank, info.container_slot_counts) == (
@@ -467,7 +466,7 @@ def test_deepspeed_multi_node_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     rdzv = Rendezvous(["10.1.0.5", "10.1.0.7"], 1, [2, 1], None, SECRET)
     trial = SimpleNamespace(id=12, seed=99, hparams={})
     args = (Paths(tmp_path / "home"), 7, trial, 3, CONFIG, [0], "tok", None, 0, [])
-    write_info(cluster_info(*args, rendezvous=rdzv), tmp_path / "info", None)
+    write_info(_cluster_info(*args, rendezvous=rdzv), tmp_path / "info", None)
     monkeypatch.setenv("DET_LOCAL_INFO_DIR", str(tmp_path / "info"))
     monkeypatch.setattr(info_module, "_loaded", False)  # get_cluster_info() caches
     monkeypatch.setattr(info_module, "_info", None)
@@ -611,7 +610,7 @@ def _run_nodes(
         )
         plan = _plan(tmp_path, facts, monkeypatch)
         paths = Paths(tmp_path / "home")
-        info = cluster_info(
+        info = _cluster_info(
             paths, 7, trial, 3, config, facts.slots, facts.token, None, 0, [], rendezvous=rdzv
         )
         write_info(info, info_dir, None)

@@ -94,7 +94,7 @@ class TrialStarter:
         rec = self.store.get_experiment(exp.id)
         info_dir = self.paths.trial_info_dir(exp.id, trial_id, run_id)
         config = rec.config
-        info = cluster_info(
+        info = _cluster_info(
             self.paths,
             exp.id,
             trial,
@@ -259,7 +259,7 @@ class TrialStarter:
             )
 
 
-def cluster_info(
+def _cluster_info(
     paths: Paths,
     exp_id: int,
     trial: Any,
@@ -310,9 +310,6 @@ def cluster_info(
         rendezvous_info=rdzv,
         resources_info=ResourcesInfo(gpu_uuids),
     )
-
-
-_cluster_info = cluster_info  # its earlier name
 
 
 def write_info(info: Any, info_dir: Path, owner: userfiles.Owner | None) -> None:
