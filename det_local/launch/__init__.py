@@ -3,7 +3,8 @@
 ``python3 -m det_local.launch.NAME`` (or ``determined.launch.NAME`` inside a trial):
 
 * ``torch_distributed``: torchrun with one worker per slot (the default for Trial classes);
-* ``deepspeed``: DeepSpeed's launcher with a hostfile for the trial's slots;
+* ``deepspeed``: DeepSpeed's launcher with a hostfile for the trial's slots (on several
+  machines: torchrun on each, as ``torch_distributed``);
 * ``horovod``: horovodrun (deprecated, as in Determined 0.38);
 * ``wrap_rank``: prefixes a worker's output lines with ``[rank=N] ``.
 
