@@ -156,6 +156,16 @@ def trial_log(node: Node, exp_id: int) -> str:
 
 def test_core_api_trial_across_two_machines(net: Net, tmp_path: Path) -> None:
     n1, n2 = two_nodes(net)
+    # refused before anything starts: a size no set of machines fits; storage not shared
+    cfg, ctx = experiment(tmp_path, resources={"slots_per_trial": 3})
+    res = n1.cli("run", "--detach", str(cfg), str(ctx))
+    assert res.returncode != 0 and "3 slots cannot be fitted" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    cfg, ctx = experiment(
+        tmp_path, checkpoint_storage={"type": "directory", "container_path": "/tmp"}
+    )
+    res = n1.cli("run", "--detach", str(cfg), str(ctx))
+    assert "needs type shared_fs" in res.stderr, res.stderr
     cfg, ctx = experiment(tmp_path)
     exp_id = submit(n1, cfg, ctx)
     wait_end(n1, n2, exp_id, timeout=90)
@@ -203,10 +213,17 @@ def checkpoints(node: Node, exp_id: int) -> int:
         )
 
 
-def owner_rank_pids(node: Node) -> list[int]:
-    """The trial's processes on the owner (torchrun and its worker)."""
-    res = node.in_ns("pgrep", "-f", "train.py")
-    return [int(p) for p in res.stdout.split()]
+def rank_pids(node: Node) -> list[int]:
+    """The trial's processes in the node's namespace (torchrun and its workers)."""
+    out = []
+    for pid in ns_pids(node):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"train.py" in cmd:
+            out.append(pid)
+    return out
 
 
 def test_member_killed_mid_training_requeues_without_using_max_restarts(
@@ -216,7 +233,7 @@ def test_member_killed_mid_training_requeues_without_using_max_restarts(
     cfg, ctx = experiment(tmp_path, env={"STEPS": "40", "STEP_SLEEP": "0.4"})
     exp_id = submit(n1, cfg, ctx)
     wait_for(lambda: checkpoints(n1, exp_id) >= 2, timeout=90, what="two checkpoints")
-    survivors = owner_rank_pids(n1)
+    survivors = rank_pids(n1)
     assert survivors
     t0 = time.monotonic()
     for pid in ns_pids(n2):  # the member's daemon and its ranks, kill -9
@@ -261,7 +278,7 @@ def test_pause_and_activate_reach_every_node(net: Net, tmp_path: Path) -> None:
     with db(n2) as conn:
         rows = conn.execute("SELECT state FROM jobs").fetchall()
     assert rows == [("DONE",)], rows
-    assert not owner_rank_pids(n1) and not n2.in_ns("pgrep", "-f", "train.py").stdout.strip()
+    assert not rank_pids(n1) and not rank_pids(n2)
     res = n1.cli("experiment", "activate", str(exp_id))
     assert res.returncode == 0, res.stderr
     assert wait_end(n1, n2, exp_id, timeout=150) == "COMPLETED"

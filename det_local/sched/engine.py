@@ -294,7 +294,10 @@ class Engine:
 
             cfg = make_test_config(cfg)
         slots = int(cfg.resources.slots_per_trial)
-        if self.gangs.fit(slots) is None:  # not a gang across machines: this one must do
+        fit = self.gangs.fit(slots)
+        if fit is not None:
+            self.gangs.check_storage(cfg)
+        else:  # not a gang across machines: this one must do
             check_request(
                 slots,
                 self.inventory.size(),

@@ -102,6 +102,23 @@ class GangShares:
             return None
         return self.placer.fit(slots)
 
+    def check_storage(self, cfg: Any) -> None:
+        """A trial across machines keeps its checkpoints where every machine reads them."""
+        storage = cfg.checkpoint_storage
+        if storage is None or storage.type != "shared_fs":
+            raise DetLocalError(
+                "checkpoint_storage: a trial across machines (resources.slots_per_trial "
+                f"{cfg.resources.slots_per_trial} is more than this machine's "
+                f"{self.engine.inventory.size()} slots) needs type shared_fs with the same "
+                "host_path mounted on every machine"
+            )
+        host = Path(str(storage.host_path or ""))
+        if not host.is_dir():
+            raise DetLocalError(
+                f"checkpoint_storage.host_path {host} is not a directory on this machine: mount "
+                "the shared file system at the same path on every machine"
+            )
+
     def launch_owner(self, job_id: int, rendezvous: Rendezvous, ports: dict[str, int]) -> None:
         """Every share is ready: commit this node's share and spawn its ranks."""
         engine = self.engine
