@@ -405,3 +405,24 @@ def test_a_commit_whose_rank_is_not_in_its_addresses(member: Member) -> None:
         await until(lambda: member.job(gang)["state"] == "DONE", what="the share DONE")
 
     talk(member, scenario)
+
+
+def test_a_commit_whose_ranks_cannot_start_frees_the_share(member: Member) -> None:
+    async def scenario(o: Owner) -> None:
+        gang = f"{NODE}:11"
+        assert (await o.ask(reserve(member, 11)))["value"] == "queued"
+        await until(lambda: any(m["gang"] == gang for m in o.ready), what="`ready`")
+        line = await o.error(commit(11) | {"ports": {}})
+        assert line.startswith("its ranks could not start: ") and "C10D_PORT" in line, line
+        job = member.job(gang)
+        assert job["state"] == "DONE" and job["pid"] is None, job
+        assert job["message"] == line
+        line = await o.error(commit(11))  # not a duplicate commit of a share with no process
+        assert line == f"unknown gang {gang}", line
+        # its slot is free: the next share is reserved at once
+        assert (await o.ask(reserve(member, 12)))["value"] == "queued"
+        await until(lambda: any(m["gang"] == f"{NODE}:12" for m in o.ready), what="`ready`")
+        assert (await o.ask(abort(12)))["value"] is None
+        await until(lambda: member.job(f"{NODE}:12")["state"] == "DONE", what="share 12 DONE")
+
+    talk(member, scenario)

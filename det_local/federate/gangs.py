@@ -618,7 +618,11 @@ class Gangs:
         )
         if mg.hold_timer is not None:  # a refused commit leaves the hold running
             mg.hold_timer.cancel()
-        pid = self.view.gangs.launch_member(mg.job_id, msg, Path(context), rdv)
+        try:
+            pid = self.view.gangs.launch_member(mg.job_id, msg, Path(context), rdv)
+        except DetLocalError:  # its job ended: the gang is no longer placed here
+            self.members.pop(mg.gang, None)
+            raise
         mg.log_task = asyncio.get_running_loop().create_task(self._ship_logs(mg))
         return {"pid": pid}
 
