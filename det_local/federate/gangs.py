@@ -604,21 +604,25 @@ class Gangs:
                 f"gang {mg.gang} run {mg.run}: not reserved here (the hold expired or it was "
                 "released); place it again"
             )
-        if mg.hold_timer is not None:
-            mg.hold_timer.cancel()
         context = self.contexts().has((job.gang or {}).get("digest", ""))
         if context is None:
             raise DetLocalError(f"gang {mg.gang}: its context is no longer here")
         addrs = list(msg["addrs"])
         rank = int(msg["node_rank"])
-        rdv = Rendezvous(
+        rdv = Rendezvous(  # RendezvousError (one line) for a rank or counts not in addrs
             addrs,
             rank,
             list(msg["slot_counts"]),
-            interface_of(addrs[rank]),
+            interface_of(addrs[rank]) if 0 <= rank < len(addrs) else None,
             self._dist_secret(mg.gang, mg.run),
         )
-        pid = self.view.gangs.launch_member(mg.job_id, msg, Path(context), rdv)
+        if mg.hold_timer is not None:  # a refused commit leaves the hold running
+            mg.hold_timer.cancel()
+        try:
+            pid = self.view.gangs.launch_member(mg.job_id, msg, Path(context), rdv)
+        except DetLocalError:  # its job ended: the gang is no longer placed here
+            self.members.pop(mg.gang, None)
+            raise
         mg.log_task = asyncio.get_running_loop().create_task(self._ship_logs(mg))
         return {"pid": pid}
 

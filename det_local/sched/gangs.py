@@ -207,7 +207,25 @@ class GangShares:
         if job.state != RESERVED:
             raise DetLocalError(f"member job {job_id} is {job.state}, not reserved")
         jobs.commit(job_id)
-        job = jobs.peek(job_id)
+        try:
+            return self._spawn_member(job_id, spec, commit, context, rendezvous)
+        except (DetLocalError, OSError) as err:  # it holds no process: end it, free its slots
+            why = f"its ranks could not start: {err}"
+            self.relays.pop(job_id, None)
+            jobs.finish(job_id, None, why)
+            engine.queue.schedule()
+            raise DetLocalError(why) from None
+
+    def _spawn_member(
+        self,
+        job_id: int,
+        spec: dict[str, Any],
+        commit: dict[str, Any],
+        context: Path,
+        rendezvous: Rendezvous,
+    ) -> int:
+        engine = self.engine
+        job = engine.store.jobs.peek(job_id)
         run_dir = engine.paths.home / "fed" / "runs" / str(job_id)
         info_dir = run_dir / str(job.run_id)
         config = spec["config"]
@@ -277,12 +295,7 @@ class GangShares:
         plan = build_trial_plan(facts, engine.paths, engine.inventory)
         plan.env["DET_LOCAL_RELAY_JOB"] = str(job_id)
         self.relays[job_id] = run
-        try:
-            proc = engine.supervisor.spawn(job, plan)
-        except DetLocalError:
-            del self.relays[job_id]
-            jobs.finish(job_id, None, "its ranks could not start")
-            raise
+        proc = engine.supervisor.spawn(job, plan)
         run.pid = proc.pid
         return proc.pid
 
