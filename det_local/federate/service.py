@@ -518,6 +518,12 @@ class Federation:
                     link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
         except (OSError, ConnectionError):
             pass
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            why = f"malformed {kind} message ({type(err).__name__}: {err})"[:300]
+            self.view.log(f"federation: refused {kind} from {node}: {why}")
+            if rid is not None:
+                with contextlib.suppress(Exception):
+                    link.session.send_now({"t": "reply", "id": rid, "error": why})
 
     async def _last_blob(self, link: Link, msg: dict[str, Any]) -> None:
         reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
