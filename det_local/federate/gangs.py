@@ -30,14 +30,13 @@ import contextlib
 import hashlib
 import hmac
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
-from det_local.sched.gangs import MEMBER, GangFit, gang_key
+from det_local.sched.gangs import MEMBER, GangFit, owner_key, share_key
 from det_local.sched.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
@@ -205,7 +204,7 @@ class Gangs:
             job.trial_id,
             job.experiment_id,
             job.run_id,
-            [int(job.priority), int(job.submitted_at * 1e9), self.node, job.id],
+            list(owner_key(job, self.node)),
             fit.per_node,
             fit.local,
         )
@@ -730,20 +729,15 @@ class Gangs:
         waiting = [j for j in jobs if j.state == QUEUED and not self.view.held_back(j.id)]
         if not waiting:
             return
-        oldest = min(self._key(j) for j in waiting)
+        oldest = min(share_key(j, self.node) for j in waiting)
         wounded = False
         for j in jobs:
-            if j.state == RESERVED and self._key(j) > oldest:
+            if j.state == RESERVED and share_key(j, self.node) > oldest:
                 self.yield_share(j, "an older gang needs these slots (wound-wait)")
                 self.view.behind_older_gangs(j.id)
                 wounded = True
         if wounded:
             self.view.schedule()
-
-    def _key(self, job: JobRecord) -> tuple[int, int, str, int]:
-        if job.kind == MEMBER:
-            return gang_key(job.gang or {})
-        return (int(job.priority), int(job.submitted_at * 1e9), self.node, job.id)
 
     def tick(self) -> None:
         """Every heartbeat tick: gangs whose machines died."""
@@ -774,6 +768,3 @@ class Gangs:
                 self._drop_member(mg, f"the trial's owner {mg.owner} was lost")
         if any(j.state == QUEUED and j.gang is not None for j in self.view.active_jobs()):
             self.wound_younger()
-
-
-Sender = Callable[[dict[str, Any]], Awaitable[None]]

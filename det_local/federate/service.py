@@ -142,7 +142,7 @@ class Federation:
             self.lend = settings.lend
             self.lend_priority_offset = settings.lend_priority_offset
             self.view.gangs.max_peer_requeues = settings.max_peer_requeues
-            self.view.install_placer(self.gangs)
+            self.view.install_placer(self.gangs, self.me.node)
             self.peers.clear()
             self.targets.clear()
             for host, port in settings.peers:

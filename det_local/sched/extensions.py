@@ -56,6 +56,7 @@ class EngineView:
     def __init__(self, engine: Engine, log: Callable[[str], None]) -> None:
         self._engine = engine
         self._log = log
+        self.node_id = ""  # this node's id in the cluster (set with the placer)
 
     @property
     def paths(self) -> Paths:
@@ -106,8 +107,10 @@ class EngineView:
     def gangs(self) -> GangShares:
         return self._engine.gangs
 
-    def install_placer(self, placer: Placer | None) -> None:
+    def install_placer(self, placer: Placer | None, node_id: str = "") -> None:
+        """Plug the cluster's placer in (None: out); `node_id` is this node in gang keys."""
         self._engine.gangs.placer = placer
+        self.node_id = node_id
 
     def schedule(self) -> None:
         self._engine.queue.schedule()
@@ -144,15 +147,14 @@ class EngineView:
 
     def behind_older_gangs(self, job_id: int) -> None:
         """Move a queued gang share behind every queued share of an older gang."""
-        from det_local.sched.gangs import MEMBER, gang_key
+        from det_local.sched.gangs import share_key
 
         jobs = self._engine.store.jobs
         me = jobs.peek(job_id)
+        node = self.node_id
 
         def key(j: JobRecord) -> tuple[int, int, str, int]:
-            if j.kind == MEMBER:
-                return gang_key(j.gang or {})
-            return (int(j.priority), int(j.submitted_at * 1e9), "", j.id)
+            return share_key(j, node)
 
         older = [
             j

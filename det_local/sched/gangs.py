@@ -23,6 +23,7 @@ import asyncio
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
@@ -247,17 +248,17 @@ class GangShares:
         owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
         storage = checkpoint_dir_for(engine.paths, config)
 
-        class _Trial:  # what _cluster_info reads of a trial record
-            id = int(spec["trial_id"])
-            seed = int(spec["seed"])
-            hparams = spec["hparams"]
+        # what _cluster_info reads of a trial record
+        trial = SimpleNamespace(
+            id=int(spec["trial_id"]), seed=int(spec["seed"]), hparams=spec["hparams"]
+        )
 
         latest = commit.get("latest_checkpoint")
         steps = int(commit.get("steps_completed") or 0)
         info = trialstart._cluster_info(
             engine.paths,
             int(spec["experiment_id"]),
-            _Trial,
+            trial,
             int(commit["run"]),
             config,
             list(job.slots),
@@ -343,3 +344,15 @@ def gang_key(gang: dict[str, Any]) -> tuple[int, int, str, int]:
     owner's job id); smaller is older (goes first)."""
     key = gang.get("key") or [0, 0, "", 0]
     return (int(key[0]), int(key[1]), str(key[2]), int(key[3]))
+
+
+def share_key(job: JobRecord, node: str) -> tuple[int, int, str, int]:
+    """A share's place in that order: a member's is its gang's; this node's own trial job's is
+    made the way its owner (`node`) sends it in `reserve`."""
+    if job.kind == MEMBER:
+        return gang_key(job.gang or {})
+    return owner_key(job, node)
+
+
+def owner_key(job: JobRecord, node: str) -> tuple[int, int, str, int]:
+    return (int(job.priority), int(job.submitted_at * 1e9), node, job.id)
