@@ -153,7 +153,8 @@ class Gangs:
 
     # ================================================================== fit (Placer.fit)
     def fit(self, slots: int) -> GangFit:
-        """Fewest nodes, equal slots per node, this node first when it can take part."""
+        """Fewest nodes, equal slots per node, this node first when it can take part (one
+        peer that holds the whole gang runs it alone: this node then only coordinates)."""
         free, total, kind = self.view.slots()
         nodes: list[tuple[int, int, str]] = [(total, 1, self.node)]
         for node, peer in self._live().items():
@@ -161,7 +162,7 @@ class Gangs:
                 nodes.append((peer.total, 0, node))
         nodes.sort(key=lambda n: (-n[0], -n[1], n[2]))
         best = max((n[0] for n in nodes), default=0)
-        for count in range(2, len(nodes) + 1):
+        for count in range(1, len(nodes) + 1):
             if slots % count:
                 continue
             per = slots // count

@@ -363,7 +363,10 @@ def close(proc: JobProc) -> None:
 
 
 def signal_group(pid: int, sig: int) -> bool:
-    """Send sig to the process group led by pid; False if it is already gone."""
+    """Send sig to the process group led by pid; False if it is already gone (or pid is not a
+    process: 0 names a run without one, and killpg(0) would signal the daemon's own group)."""
+    if pid <= 0:
+        return False
     try:
         os.killpg(pid, sig)
         return True

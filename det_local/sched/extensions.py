@@ -218,9 +218,7 @@ class EngineView:
             engine.queue.preempting.add(job_id)
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
-        path = self._engine.paths.trial_log(experiment_id, trial_id)
-        with open(path, "ab") as f:
-            f.write(data)
+        self._engine.gangs.append_trial_log(experiment_id, trial_id, data)
 
     def check_gang_config(self, config: Any, user: str) -> None:
         """A member's check of the config it was sent (the owner's, hostile until checked):

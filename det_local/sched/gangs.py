@@ -20,6 +20,7 @@ machine is refused at submission, as before.
 from __future__ import annotations
 
 import asyncio
+import os
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from det_local.sched.experiments import TrialRun, checkpoint_dir_for
 from det_local.sched.rendezvous import Rendezvous
 from det_local.sched.trialplan import TrialFacts, build_trial_plan
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
+from det_local.store.states import State
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
@@ -128,9 +130,30 @@ class GangShares:
             raise DetLocalError(f"job {job_id} is {job.state}, not reserved")
         engine.store.jobs.commit(job_id)
         job = engine.store.jobs.peek(job_id)
-        if job.slots_needed == 0:  # this node takes no part: its job only coordinates
+        if job.slots_needed == 0:  # this node runs no ranks: its job only coordinates
+            self._coordinate(job)
             return
         engine.start_trial(job, job.slots, job.run_id, rendezvous=rendezvous, ports=ports)
+
+    def _coordinate(self, job: JobRecord) -> None:
+        """The trial's run on an owner that runs none of its ranks: no process (pid 0: never
+        signalled), but the run record every relayed frame is applied to; the placer ends it
+        (`Engine.gang_exited`) once the members' ranks have exited."""
+        engine = self.engine
+        assert job.trial_id is not None and job.experiment_id is not None
+        exp = engine.experiment(job.experiment_id)
+        if engine.store.get_trial(job.trial_id).state == State.PAUSED:
+            engine.store.set_trial_state(job.trial_id, State.ACTIVE)
+        os.close(self.open_trial_log(exp.id, job.trial_id))  # `trial logs` follows it from now
+        engine.runs[job.trial_id] = TrialRun(
+            job.trial_id,
+            exp.id,
+            exp.request_of[job.trial_id],
+            job.run_id,
+            engine.private.run_token(job.id, job.run_id),
+            job.id,
+            0,
+        )
 
     def release(self, job_id: int, why: str) -> None:
         """A reserved share goes back to the queue, in its place (wounded, lease over)."""
@@ -151,6 +174,30 @@ class GangShares:
             self.peer_lost[trial_id] = why
         engine.note(why, experiment_id=run.experiment_id, trial_id=trial_id, level="WARNING")
         engine.supervisor.terminate(run.job_id, run.pid)
+
+    def open_trial_log(self, experiment_id: int, trial_id: int) -> int:
+        """The trial's log opened for appending, as its ranks' output is (the submitter's file
+        in system mode; never through a link a user put in its place)."""
+        from det_local.sched import userfiles
+        from det_local.sched.users import identity as identity_of
+        from det_local.sched.users import uid_of
+
+        engine = self.engine
+        uid = engine.owner_uid(experiment_id)
+        if uid is None:
+            uid = uid_of(engine.store.get_experiment(experiment_id).user)
+        ident = identity_of(uid)
+        owner = userfiles.owner_for(
+            ident, engine.store.get_experiment_umask(experiment_id), engine.settings.admin_group
+        )
+        path = engine.paths.trial_log(experiment_id, trial_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return userfiles.open_log(path, owner)
+
+    def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
+        """Output of the trial's ranks on another node (already `[rank=N]` prefixed)."""
+        with os.fdopen(self.open_trial_log(experiment_id, trial_id), "ab") as f:
+            f.write(data)
 
     def apply_relayed(self, trial_id: int, run_id: int, frame: dict[str, Any]) -> Any:
         """A frame of one of the trial's ranks on another node, applied as a local one."""

@@ -137,7 +137,7 @@ class Supervisor:
     def terminate(self, job_id: int, pid: int | None) -> None:
         """SIGTERM the job (its cgroup, else its group), then SIGKILL after the grace period
         if it is still there."""
-        if pid is None:
+        if not pid:  # None, or 0: a run without a process (a gang owner that runs no ranks)
             return
         self.signal(job_id, pid, signal.SIGTERM)
         assert self.loop is not None

@@ -1,0 +1,116 @@
+"""A trial larger than its owner's machine that one peer holds whole: the owner runs none of
+its ranks (it only coordinates: a run without a process), in network namespaces."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from fednet import Net, Node
+from test_federation_gang import (
+    NO_MDNS,
+    alive,
+    checkpoints,
+    db,
+    exp_state,
+    experiment,
+    net,  # noqa: F401  (the fixture)
+    ns_pids,
+    rank_pids,
+    submit,
+    trial_log,
+    wait_end,
+)
+
+from det_local.federate import keys
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not Path("/usr/sbin/ip").exists() and not Path("/sbin/ip").exists(),
+        reason="needs root and iproute2",
+    ),
+    pytest.mark.slow,
+]
+
+
+def owner_and_big_peer(lan: Net) -> tuple[Node, Node]:
+    """n1 with 1 CPU slot (the owner), n2 with 2."""
+    key = keys.new_key()
+    n1 = lan.node(1, key).start(**NO_MDNS)
+    n2 = lan.node(2, key).start(
+        **NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800", DET_LOCAL_CPU_SLOTS="2"
+    )
+    wait_for(
+        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
+        timeout=30,
+        what="a 2-node cluster",
+    )
+    return n1, n2
+
+
+def test_trial_runs_wholly_on_a_peer_and_its_owner_records_it(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    n1, n2 = owner_and_big_peer(net)
+    cfg, ctx = experiment(tmp_path)
+    exp_id = submit(n1, cfg, ctx)
+    assert wait_end(n1, n2, exp_id, timeout=90) == "COMPLETED", n1.log_text()
+    log = trial_log(n1, exp_id)
+    # fewest nodes: both ranks on n2 (node rank 0 there), none on the owner
+    assert "RESULT rank=0 size=2 cross=0 nodes=['0', '0'] word=from-chief sum=3.0" in log
+    assert "RESULT rank=1 size=2 cross=0 nodes=['0', '0'] word=from-chief sum=3.0" in log
+    assert "[rank=0]" in log and "[rank=1]" in log
+    with db(n1) as conn:
+        jobs = conn.execute("SELECT kind, state, slots_needed FROM jobs").fetchall()
+        steps = [r[0] for r in conn.execute("SELECT steps_completed FROM metrics")]
+        trial = conn.execute("SELECT state FROM trials").fetchone()[0]
+    assert jobs == [("TRIAL", "DONE", 0)], jobs
+    assert max(steps) == 3 and trial == "COMPLETED"
+    assert checkpoints(n1, exp_id) == 3
+    with db(n2) as conn:
+        rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
+    assert rows == [("MEMBER", "DONE", 0)], rows
+
+
+def test_pause_activate_and_peer_loss_of_a_trial_its_owner_only_coordinates(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    n1, n2 = owner_and_big_peer(net)
+    cfg, ctx = experiment(tmp_path, env={"STEPS": "40", "STEP_SLEEP": "0.3"})
+    exp_id = submit(n1, cfg, ctx)
+    wait_for(lambda: checkpoints(n1, exp_id) >= 1, timeout=90, what="a checkpoint")
+    # pause reaches the ranks on n2 (the preemption frame goes down, their acks come back)
+    assert n1.cli("experiment", "pause", str(exp_id)).returncode == 0
+    wait_for(lambda: exp_state(n1, exp_id) == "PAUSED", timeout=40, what="paused")
+    assert "preempted at" in trial_log(n1, exp_id)
+    assert not rank_pids(n2)
+    assert n1.cli("experiment", "activate", str(exp_id)).returncode == 0
+    wait_for(lambda: len(rank_pids(n2)) >= 2, timeout=60, what="the ranks placed again")
+    before = checkpoints(n1, exp_id)
+    wait_for(lambda: checkpoints(n1, exp_id) > before, timeout=60, what="a new checkpoint")
+    # the machine holding every rank dies: the owner requeues the trial (no max_restarts used)
+    t0 = time.monotonic()
+    for pid in ns_pids(n2):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: "does not count toward max_restarts" in n1.log_text(),
+        timeout=30,
+        what="the requeue",
+    )
+    assert time.monotonic() - t0 <= 15.0
+    assert exp_state(n1, exp_id) == "ACTIVE"
+    n2.start()
+    assert wait_end(n1, n2, exp_id, timeout=150) == "COMPLETED"
+    with db(n1) as conn:
+        steps = [r[0] for r in conn.execute("SELECT steps_completed FROM metrics")]
+        restarts = conn.execute("SELECT restarts FROM trials").fetchone()[0]
+    assert max(steps) == 40 and restarts == 0
+    assert not any(alive(p) for p in rank_pids(n2))
