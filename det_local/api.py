@@ -31,8 +31,11 @@ def run(
     follow: bool = True,
     quiet: bool = False,
     test_mode: bool = False,
+    anywhere: bool = False,
 ) -> int:
     """Submit an experiment and, with follow=True, run it to the end; returns the exit code.
+
+    anywhere: as `resources.federate: true` (a trial may run on an idle peer of the cluster).
 
     test_mode: Determined's test mode (one batch, validate, checkpoint, restore in a new
     process, one more batch); prints the pass/fail report and returns 0 only if all passed."""
@@ -45,6 +48,7 @@ def run(
         follow=follow,
         quiet=quiet,
         test_mode=test_mode,
+        anywhere=anywhere,
     )
 
 

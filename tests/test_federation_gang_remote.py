@@ -114,3 +114,62 @@ def test_pause_activate_and_peer_loss_of_a_trial_its_owner_only_coordinates(
         restarts = conn.execute("SELECT restarts FROM trials").fetchone()[0]
     assert max(steps) == 40 and restarts == 0
     assert not any(alive(p) for p in rank_pids(n2))
+
+
+def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_full(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    key = keys.new_key()
+    n1 = net.node(1, key).start(**NO_MDNS)
+    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800")
+    wait_for(
+        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
+        timeout=30,
+        what="a 2-node cluster",
+    )
+    # refused before anything starts: such a trial keeps its checkpoints where both machines do
+    cfg, ctx = experiment(
+        tmp_path,
+        resources={"slots_per_trial": 1, "federate": True},
+        checkpoint_storage={"type": "directory", "container_path": "/tmp"},
+    )
+    res = n1.cli("run", "--detach", str(cfg), str(ctx))
+    assert res.returncode != 0, res.stdout
+    assert res.stderr.strip().splitlines() == [
+        "error: checkpoint_storage: a trial that may run on another machine "
+        "(resources.federate: true) needs type shared_fs with the same host_path mounted on "
+        "every machine"
+    ], res.stderr
+    # n1's only slot is taken: the trial runs on n2, which is idle; n1 records it
+    res = n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120")
+    assert res.returncode == 0, res.stderr
+    cfg, ctx = experiment(tmp_path, resources={"slots_per_trial": 1})
+    res = n1.cli("run", "--detach", "--anywhere", str(cfg), str(ctx), timeout=60)
+    assert res.returncode == 0, res.stderr
+    with db(n1) as conn:
+        exp_id = int(conn.execute("SELECT MAX(id) FROM experiments").fetchone()[0])
+    assert wait_end(n1, n2, exp_id, timeout=90) == "COMPLETED"
+    assert "RESULT rank=0 size=1" in trial_log(n1, exp_id)
+    assert "machine n2 has them free: it runs there (resources.federate)" in n1.log_text()
+    with db(n1) as conn:
+        steps = [r[0] for r in conn.execute("SELECT steps_completed FROM metrics")]
+        trial_job = conn.execute(
+            "SELECT state, slots_needed, gang FROM jobs WHERE kind='TRIAL'"
+        ).fetchone()
+    assert max(steps) == 3
+    assert trial_job[0] == "DONE" and trial_job[1] == 0 and '"anywhere": "n2"' in trial_job[2]
+    with db(n2) as conn:
+        rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
+    assert rows == [("MEMBER", "DONE", 0)], rows
+    # without --anywhere, a trial waits for this machine's slot
+    cfg, ctx = experiment(tmp_path, resources={"slots_per_trial": 1})
+    exp2 = submit(n1, cfg, ctx)
+    res = n1.cli("job", "list")
+    assert res.returncode == 0
+    with db(n1) as conn:
+        state = conn.execute(
+            "SELECT state FROM jobs WHERE experiment_id=? AND kind='TRIAL'", (exp2,)
+        ).fetchone()[0]
+    assert state == "QUEUED"
+    assert n1.cli("experiment", "kill", str(exp2)).returncode == 0

@@ -20,6 +20,12 @@ def run_command(
         help="Test mode: train one batch, validate, checkpoint, restore that checkpoint in a "
         "new process and train one more batch; print pass/fail per step.",
     ),
+    anywhere: bool = typer.Option(
+        False,
+        "--anywhere",
+        help="A trial may run on an idle machine of the cluster when this one is full "
+        "(as resources.federate: true; needs shared_fs checkpoint storage).",
+    ),
 ) -> None:
     """Run an experiment: prints its id, streams the trials' output, ends with a summary.
 
@@ -27,6 +33,8 @@ def run_command(
     checkpoint); `det-local experiment activate ID` resumes."""
     from det_local import api
 
-    code = api.run(config, context, follow=not detach, quiet=quiet, test_mode=test)
+    code = api.run(
+        config, context, follow=not detach, quiet=quiet, test_mode=test, anywhere=anywhere
+    )
     if code:
         raise typer.Exit(code)

@@ -1,4 +1,4 @@
-"""`resources:` — slots, priority, weight, max_slots, shm_size, devices."""
+"""`resources:` — slots, priority, weight, max_slots, shm_size, devices, federate."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ SPEC: fields.Spec = {
     "native_parallel": fields.bool_(False),
     "slots": fields.int_(),
     "agent_label": fields.str_(),
+    # det-local: may run wholly on an idle peer of the cluster when this machine is full
+    "federate": fields.bool_(False),
 }
 
 _SHM_RE = re.compile(r"^(?P<num>([0-9]*[.])?[0-9]+) ?(?P<unit>[kmgtpKMGTP][iI]?[bB]?|[bB])?$")
@@ -42,6 +44,7 @@ class ResourcesConfig:
     native_parallel: bool = False
     slots: int | None = None
     agent_label: str | None = None
+    federate: bool = False
 
     @property
     def effective_priority(self) -> int:

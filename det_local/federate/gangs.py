@@ -49,6 +49,7 @@ REQUEST_S = 10.0  # a reserve/commit/abort/has request without an answer: the pe
 END_WAIT_S = 10.0  # the owner's ranks exited: how long members get to finish theirs
 LOG_EVERY_S = 0.25  # how often a member sends its ranks' new log lines to the owner
 LOG_CHUNK = 256 * 1024
+ANYWHERE_WAIT_S = 10.0  # a trial sent whole to a peer, not started there by then: back here
 
 
 @dataclass
@@ -82,6 +83,7 @@ class OwnerGang:
     failure: str | None = None  # a member's failure, when one ended the gang
     lost: str | None = None  # a machine lost
     timer: asyncio.TimerHandle | None = None
+    anywhere: bool = False  # a trial that fits here, sent whole to an idle peer
 
 
 @dataclass
@@ -185,11 +187,20 @@ class Gangs:
     def share_started(self, job: JobRecord) -> None:
         assert job.trial_id is not None and job.experiment_id is not None
         size = int((job.gang or {}).get("size", 0))
-        try:
-            fit = self.fit(size)
-        except DetLocalError as err:
-            self._hold(job.id, f"waiting for machines: {err}")
-            return
+        anywhere = str((job.gang or {}).get("anywhere") or "")
+        if anywhere:  # a trial sent whole to an idle peer (GangShares.offload_waiting)
+            peer = self._live().get(anywhere)
+            if peer is None or not peer.lend:
+                self.view.gangs.back_home(job.id, f"machine {anywhere} is no longer reachable")
+                self.view.schedule()
+                return
+            fit = GangFit(size, size, (anywhere,), 0)
+        else:
+            try:
+                fit = self.fit(size)
+            except DetLocalError as err:
+                self._hold(job.id, f"waiting for machines: {err}")
+                return
         if fit.local != job.slots_needed:  # the cluster changed since it was queued
             self.view.gangs.release(job.id, "the cluster changed; placing it again")
             self.view.set_share(job.id, fit.local, {"size": size, "per_node": fit.per_node})
@@ -208,17 +219,57 @@ class Gangs:
             list(owner_key(job, self.node)),
             fit.per_node,
             fit.local,
+            anywhere=bool(anywhere),
         )
         peers = [n for n in fit.nodes if n != self.node]
         first = 1 if fit.local else 0
         for i, node in enumerate(peers):
             og.shares[node] = Share(node, first + i)
         self.owned[gang] = og
+        if og.anywhere:  # it fits here: it does not wait long in the peer's queue
+            og.timer = asyncio.get_running_loop().call_later(
+                ANYWHERE_WAIT_S, self._anywhere_late, og
+            )
         self.fed.spawn(self._place(og, job))
 
     def _hold(self, job_id: int, why: str) -> None:
         self.view.gangs.release(job_id, why)
         self.view.hold_back(job_id, why)
+
+    def _anywhere_late(self, og: OwnerGang) -> None:
+        if self.owned.get(og.gang) is not og or og.state != "reserving":
+            return
+        why = f"not started on {', '.join(og.shares)} within {ANYWHERE_WAIT_S:.0f}s"
+        self._abort_members(og, why)
+        self._forget_owned(og)
+        self._unplaced(og, why)
+
+    def _unplaced(self, og: OwnerGang, why: str) -> None:
+        """Placing the gang did not succeed: it waits for machines and is tried again (a trial
+        sent whole to a peer waits here again instead)."""
+        if og.anywhere:
+            self.view.gangs.back_home(og.job_id, why)
+            self.view.schedule()
+        else:
+            self._hold(og.job_id, f"waiting for machines: {why}")
+            self._retry_later(og.job_id)
+
+    def idle_peer(self, slots: int) -> str | None:
+        """A live peer that lends and has `slots` free now, less what gangs being placed here
+        asked of it (the most free first), or None."""
+        _free, _total, kind = self.view.slots()
+        asked: dict[str, int] = {}
+        for og in self.owned.values():
+            if og.state == "reserving":
+                for node in og.shares:
+                    asked[node] = asked.get(node, 0) + og.per_node
+        best: tuple[int, str] | None = None
+        for node, peer in self._live().items():
+            free = peer.free - asked.get(node, 0)
+            able = peer.kind == kind and peer.lend and free >= slots
+            if able and (best is None or (free, node) > best):
+                best = (free, node)
+        return None if best is None else best[1]
 
     def peers_changed(self) -> None:
         """A peer joined or died: gangs waiting for machines may fit now."""
@@ -255,11 +306,10 @@ class Gangs:
             permanent = isinstance(err, DetLocalError) and "[permanent]" in why
             self._abort_members(og, f"placement failed: {why}")
             self._forget_owned(og)
-            if permanent:
+            if permanent and not og.anywhere:
                 self.view.gang_failed(og.job_id, why.replace(" [permanent]", ""))
             else:
-                self._hold(og.job_id, f"waiting for machines: {why}")
-                self._retry_later(og.job_id)
+                self._unplaced(og, why.replace(" [permanent]", ""))
             return
         self._maybe_commit(og)
 
@@ -303,6 +353,9 @@ class Gangs:
         if job is None or job.state != RESERVED or job.run_id != og.run:
             return
         og.state = "committed"
+        if og.timer is not None:
+            og.timer.cancel()
+            og.timer = None
         self.fed.spawn(self._commit(og))
 
     async def _commit(self, og: OwnerGang) -> None:
@@ -348,8 +401,7 @@ class Gangs:
             self.view.log(f"federation: gang {og.gang} run {og.run}: commit failed: {why}")
             self._abort_members(og, f"commit failed: {why}")
             self._forget_owned(og)
-            self._hold(og.job_id, f"waiting for machines: {why}")
-            self._retry_later(og.job_id)
+            self._unplaced(og, why)
 
     def _my_address(self, node: str) -> str:
         """This node's address as `node` reaches it (the chief's LAN address)."""
@@ -453,6 +505,9 @@ class Gangs:
         self.view.log(f"federation: gang {og.gang} run {og.run} released: {node}: {msg['why']}")
         self._abort_members(og, f"released: {msg['why']}")
         self._forget_owned(og)
+        if og.anywhere:
+            self._unplaced(og, f"{node} released it: {msg['why']}")
+            return
         self.view.gangs.release(og.job_id, f"{node} released its share: {msg['why']}")
         self.view.behind_older_gangs(og.job_id)
         self.view.schedule()
@@ -753,8 +808,7 @@ class Gangs:
                 if og.state == "reserving":
                     self._abort_members(og, why)
                     self._forget_owned(og)
-                    self._hold(og.job_id, f"waiting for machines: {why}")
-                    self._retry_later(og.job_id)
+                    self._unplaced(og, why)
                     break
                 og.lost = why
                 self._abort_members(og, why)

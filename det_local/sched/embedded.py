@@ -95,10 +95,15 @@ def run_experiment(
     quiet: bool = False,
     test_mode: bool = False,
     finish: Finish | None = None,
+    anywhere: bool = False,
 ) -> int:
     from det_local.config import load_config
 
     cfg = load_config(config_path)
+    if anywhere:  # --anywhere: as resources.federate: true
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, federate=True))
     context_dir = context_dir.resolve()
     source = str(config_path)
 

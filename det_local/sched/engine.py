@@ -118,7 +118,7 @@ class Engine:
             self,
             offline=offline,
             group_caps=self._group_caps,
-            after_pass=self._check_idle,
+            after_pass=self._after_pass,
         )
         self.commands = Commands(
             self.store.jobs,
@@ -227,6 +227,10 @@ class Engine:
         self.store.close()
         self.launcher.stop()
 
+    def _after_pass(self) -> None:
+        self.gangs.offload_waiting()
+        self._check_idle()
+
     def _check_idle(self) -> None:
         active = any(
             self.store.get_experiment(e).state
@@ -295,7 +299,7 @@ class Engine:
             cfg = make_test_config(cfg)
         slots = int(cfg.resources.slots_per_trial)
         fit = self.gangs.fit(slots)
-        if fit is not None:
+        if fit is not None or cfg.resources.federate:
             self.gangs.check_storage(cfg)
         else:  # not a gang across machines: this one must do
             check_request(

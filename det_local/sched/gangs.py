@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from det_local.sched.engine import Engine
 
 MEMBER = "MEMBER"
+OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class Placer(Protocol):
     def relay(self, run: TrialRun, msg: dict[str, Any]) -> asyncio.Future[Any] | None:
         """A member rank's trial frame, sent to the owner; its reply comes in the future."""
 
+    def idle_peer(self, slots: int) -> str | None:
+        """A live peer that lends and has `slots` free now (the most free first), or None."""
+
 
 class GangShares:
     """The engine's operations on gang shares (owner and member sides)."""
@@ -95,6 +100,7 @@ class GangShares:
         self.peer_lost: dict[int, str] = {}  # owner trial id -> why its gang lost a machine
         self.peer_requeues: dict[int, int] = {}  # owner trial id -> requeues for lost machines
         self.max_peer_requeues = 5  # federation.max_peer_requeues
+        self.stay_until: dict[int, float] = {}  # job id -> not offered to peers before (monotonic)
 
     # ------------------------------------------------------------------ owner side
     def fit(self, slots: int) -> GangFit | None:
@@ -105,15 +111,83 @@ class GangShares:
             return None
         return self.placer.fit(slots)
 
+    def offload_waiting(self) -> None:
+        """Trials that may run anywhere (`resources.federate`) and wait here for slots: one a
+        live peer has the slots free for now runs wholly there, as a gang of one peer whose
+        owner (this node) only coordinates. Called after every scheduling pass."""
+        engine = self.engine
+        if self.placer is None or not engine.queue.waiting:
+            return
+        now = time.monotonic()
+        moved = False
+        for job_id in list(engine.queue.waiting):
+            if job_id in engine.queue.hold_back or self.stay_until.get(job_id, 0.0) > now:
+                continue
+            try:
+                job = engine.store.jobs.peek(job_id)
+            except DetLocalError:
+                continue
+            if (
+                job.state != QUEUED
+                or job.kind != "TRIAL"
+                or job.gang is not None
+                or job.experiment_id is None
+                or job.experiment_id not in engine.experiments
+                or not engine.experiments[job.experiment_id].config.resources.federate
+            ):
+                continue
+            size = job.slots_needed
+            node = self.placer.idle_peer(size)
+            if node is None:
+                continue
+            self.stay_until.pop(job_id, None)
+            spec = {"size": size, "per_node": size, "anywhere": node}
+            engine.store.jobs.set_gang(job_id, spec, 0)
+            engine.note(
+                f"trial {job.trial_id} waits here for {size} slot{'s' if size > 1 else ''}; "
+                f"machine {node} has them free: it runs there (resources.federate)",
+                experiment_id=job.experiment_id,
+                trial_id=job.trial_id,
+            )
+            moved = True
+        if moved:
+            engine.queue.schedule()
+
+    def back_home(self, job_id: int, why: str) -> None:
+        """A trial sent to run on a peer (`offload_waiting`) could not be placed there: it waits
+        here again, in its place, and is not offered to peers for a while."""
+        engine = self.engine
+        job = engine.store.jobs.peek(job_id)
+        if job.gang is None or job.state not in (QUEUED, RESERVED):
+            return
+        size = int(job.gang.get("size", job.slots_needed))
+        if job.state == RESERVED:
+            engine.store.jobs.requeue(job_id)
+            engine.queue.preempting.discard(job_id)
+        engine.store.jobs.set_gang(job_id, None, size)
+        engine.queue.hold_back.pop(job_id, None)
+        self.stay_until[job_id] = time.monotonic() + OFFLOAD_BACKOFF_S
+        engine.note(
+            f"trial {job.trial_id} waits here again: {why}",
+            experiment_id=job.experiment_id,
+            trial_id=job.trial_id,
+        )
+
     def check_storage(self, cfg: Any) -> None:
         """A trial across machines keeps its checkpoints where every machine reads them."""
         storage = cfg.checkpoint_storage
         if storage is None or storage.type != "shared_fs":
-            raise DetLocalError(
-                "checkpoint_storage: a trial across machines (resources.slots_per_trial "
+            why = (
+                "a trial that may run on another machine (resources.federate: true)"
+                if cfg.resources.federate
+                and int(cfg.resources.slots_per_trial) <= self.engine.inventory.size()
+                else "a trial across machines (resources.slots_per_trial "
                 f"{cfg.resources.slots_per_trial} is more than this machine's "
-                f"{self.engine.inventory.size()} slots) needs type shared_fs with the same "
-                "host_path mounted on every machine"
+                f"{self.engine.inventory.size()} slots)"
+            )
+            raise DetLocalError(
+                f"checkpoint_storage: {why} needs type shared_fs with the same host_path "
+                "mounted on every machine"
             )
         host = Path(str(storage.host_path or ""))
         if not host.is_dir():
