@@ -426,3 +426,79 @@ def test_a_commit_whose_ranks_cannot_start_frees_the_share(member: Member) -> No
         await until(lambda: member.job(f"{NODE}:12")["state"] == "DONE", what="share 12 DONE")
 
     talk(member, scenario)
+
+
+def command_reserve(job: int, command: Any, **over: Any) -> dict[str, Any]:
+    return {
+        "t": "reserve",
+        "gang": f"{NODE}:{job}",
+        "run": 1,
+        "key": [50, time.time_ns(), NODE, job],
+        "slots": 1,
+        "user": "root",
+        "priority": 50,
+        "name": f"command {job}",
+        "hold_s": 30.0,
+        "spec": {"command": command, "size": 1},
+        **over,
+    }
+
+
+def test_a_command_whose_directory_is_not_here(member: Member, tmp_path: Path) -> None:
+    async def scenario(o: Owner) -> None:
+        before = member.jobs()
+        gone = tmp_path / "not-on-this-machine"
+        line = await o.error(command_reserve(20, {"argv": ["true"], "cwd": str(gone)}))
+        assert line == (
+            f"the command's working directory {gone} is not on this machine: run it from a "
+            "directory every machine has (a shared file system) [permanent]"
+        ), line
+        line = await o.error(
+            command_reserve(21, {"argv": ["true"], "cwd": str(tmp_path)}, user="no-such-user-dl")
+        )
+        assert "'no-such-user-dl' does not exist on this machine" in line, line
+        no_new_member_jobs(member, before)
+
+    talk(member, scenario)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        {"argv": [], "cwd": "/"},
+        {"argv": "rm -rf /", "cwd": "/"},
+        {"argv": ["true", 3], "cwd": "/"},
+        {"argv": ["true"], "cwd": "/", "env": {"LD_PRELOAD": "/tmp/x.so"}},
+        {"argv": ["true"]},
+    ],
+)
+def test_a_command_that_breaks_the_schema(member: Member, command: dict[str, Any]) -> None:
+    async def scenario(o: Owner) -> None:
+        before = member.jobs()
+        answer = await o.ask(command_reserve(22, command))
+        assert answer["t"] == "error" and "reserve" in answer["error"], answer
+        no_new_member_jobs(member, before)
+
+    talk(member, scenario)
+
+
+def test_a_command_sent_whole_runs_here_and_reports_its_exit(
+    member: Member, tmp_path: Path
+) -> None:
+    async def scenario(o: Owner) -> None:
+        gang = f"{NODE}:23"
+        argv = ["sh", "-c", "pwd; echo from-the-owner; exit 4"]
+        answer = await o.ask(command_reserve(23, {"argv": argv, "cwd": str(tmp_path)}))
+        assert answer["value"] == "queued", answer
+        await until(lambda: any(m["gang"] == gang for m in o.ready), what="`ready`")
+        one = {"addrs": ["127.0.0.1"], "node_rank": 0, "slot_counts": [1], "ports": {}}
+        first = await o.ask(commit(23) | one)
+        assert not first.get("error"), first
+        await until(lambda: member.job(gang)["state"] == "DONE", what="the command DONE")
+        job = member.job(gang)
+        assert job["message"] == "its command exited with 4", job
+        with member.db() as conn:
+            code = conn.execute("SELECT exit_code FROM jobs WHERE id=?", (job["id"],)).fetchone()
+        assert code == (4,)
+
+    talk(member, scenario)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from fednet import Net, Node
+from fednet import Net, Node, cli_env
 from test_federation_gang import (
     NO_MDNS,
     alive,
@@ -36,6 +38,9 @@ pytestmark = [
     ),
     pytest.mark.slow,
 ]
+
+
+CLI = [sys.executable, "-m", "det_local.cli.main"]
 
 
 def owner_and_big_peer(lan: Net) -> tuple[Node, Node]:
@@ -173,3 +178,76 @@ def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_
         ).fetchone()[0]
     assert state == "QUEUED"
     assert n1.cli("experiment", "kill", str(exp2)).returncode == 0
+
+
+def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    key = keys.new_key()
+    n1 = net.node(1, key).start(**NO_MDNS)
+    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800")
+    wait_for(
+        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
+        timeout=30,
+        what="a 2-node cluster",
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    res = n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120")
+    assert res.returncode == 0, res.stderr
+    script = 'echo "ran in $(pwd) on $(ip -o -4 addr show | grep -o 10.77.0.[0-9]*)"; exit 3'
+    res = subprocess.run(
+        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", script],
+        cwd=work,
+        env=cli_env(n1.home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+
+    def job_row(node: Node, job: int) -> tuple[str, int | None, str | None]:
+        with db(node) as conn:
+            row = conn.execute(
+                "SELECT state, exit_code, message FROM jobs WHERE id=?", (job,)
+            ).fetchone()
+        return (str(row[0]), row[1], row[2])
+
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to end")
+    state, code, message = job_row(n1, job_id)
+    assert code == 3 and message is not None and "on n2" in message, (code, message)
+    logs = n1.cli("cmd", "logs", str(job_id))
+    assert f"ran in {work} on 10.77.0.2" in logs.stdout, logs.stdout + logs.stderr
+    with db(n2) as conn:
+        rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
+    assert rows == [("MEMBER", "DONE", 3)], rows
+    # a long one, killed from its machine: it stops on the peer
+    res = subprocess.run(
+        [*CLI, "cmd", "run", "--anywhere", "--", "sleep", "300"],
+        cwd=work,
+        env=cli_env(n1.home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+    wait_for(
+        lambda: any(b"sleep\x00300" in cmdline(p) for p in ns_pids(n2)),
+        timeout=30,
+        what="the command to run on n2",
+    )
+    res = n1.cli("cmd", "kill", str(job_id))
+    assert res.returncode == 0 and "being stopped" in res.stdout, res.stdout + res.stderr
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=30, what="the kill")
+    assert job_row(n1, job_id)[2] == "killed on request"
+    assert not any(b"sleep\x00300" in cmdline(p) for p in ns_pids(n2))
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

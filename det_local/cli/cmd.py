@@ -22,6 +22,12 @@ def run(
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Wait for it and stream its output; exit with its status."
     ),
+    anywhere: bool = typer.Option(
+        False,
+        "--anywhere",
+        help="It may run on an idle machine of the cluster when this one is full (its "
+        "working directory must be there too; it gets a clean environment there).",
+    ),
 ) -> None:
     """Queue a command: `det-local cmd run --slots 1 -- python3 eval.py --fast`.
 
@@ -44,6 +50,7 @@ def run(
         "priority": priority,
         "name": name,
         "umask": current_umask(),  # it runs with this shell's umask, as if run here
+        "anywhere": anywhere,
     }
     if follow:
         from det_local.sched.embedded import run_command

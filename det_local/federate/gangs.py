@@ -83,7 +83,8 @@ class OwnerGang:
     failure: str | None = None  # a member's failure, when one ended the gang
     lost: str | None = None  # a machine lost
     timer: asyncio.TimerHandle | None = None
-    anywhere: bool = False  # a trial that fits here, sent whole to an idle peer
+    anywhere: bool = False  # a job that fits here, sent whole to an idle peer
+    command: bool = False  # that job is a command (`cmd run --anywhere`), not a trial
 
 
 @dataclass
@@ -185,7 +186,6 @@ class Gangs:
 
     # ================================================================== owner side
     def share_started(self, job: JobRecord) -> None:
-        assert job.trial_id is not None and job.experiment_id is not None
         size = int((job.gang or {}).get("size", 0))
         anywhere = str((job.gang or {}).get("anywhere") or "")
         if anywhere:  # a trial sent whole to an idle peer (GangShares.offload_waiting)
@@ -213,13 +213,14 @@ class Gangs:
         og = OwnerGang(
             gang,
             job.id,
-            job.trial_id,
-            job.experiment_id,
+            job.trial_id or 0,
+            job.experiment_id or 0,
             job.run_id,
             list(owner_key(job, self.node)),
             fit.per_node,
             fit.local,
             anywhere=bool(anywhere),
+            command=job.trial_id is None,
         )
         peers = [n for n in fit.nodes if n != self.node]
         first = 1 if fit.local else 0
@@ -278,14 +279,19 @@ class Gangs:
 
     async def _place(self, og: OwnerGang, job: JobRecord) -> None:
         try:
-            spec = self.view.gang_spec(job)
-            from det_local.federate.blobs import pack_context
+            packed = None
+            if og.command:  # its argv and directory; no context travels
+                spec = self.view.command_spec(job)
+            else:
+                from det_local.federate.blobs import pack_context
 
-            assert job.experiment_id is not None
-            src = Path(self.view.context_of(job.experiment_id))
-            out = self.view.paths.home / "fed" / "outgoing"
-            packed = await asyncio.get_running_loop().run_in_executor(None, pack_context, src, out)
-            spec["digest"] = packed.digest
+                spec = self.view.gang_spec(job)
+                assert job.experiment_id is not None
+                src = Path(self.view.context_of(job.experiment_id))
+                out = self.view.paths.home / "fed" / "outgoing"
+                loop = asyncio.get_running_loop()
+                packed = await loop.run_in_executor(None, pack_context, src, out)
+                spec["digest"] = packed.digest
             reserve = {
                 "t": "reserve",
                 "gang": og.gang,
@@ -314,7 +320,9 @@ class Gangs:
         self._maybe_commit(og)
 
     async def _reserve(self, og: OwnerGang, node: str, packed: Any, msg: dict[str, Any]) -> None:
-        if not await self._request(node, {"t": "has", "digest": packed.digest}):
+        if packed is not None and not await self._request(
+            node, {"t": "has", "digest": packed.digest}
+        ):
             from det_local.federate.blobs import send_context
 
             async def send(m: dict[str, Any]) -> None:
@@ -359,7 +367,7 @@ class Gangs:
         self.fed.spawn(self._commit(og))
 
     async def _commit(self, og: OwnerGang) -> None:
-        ports = self.view.allocate_ports()
+        ports = {} if og.command else self.view.allocate_ports()
         addrs: list[str] = []
         if og.local:
             addrs.append(self._my_address(next(iter(og.shares))))
@@ -367,7 +375,7 @@ class Gangs:
             peer = self.fed.peers[share.node]
             addrs.append(peer.host)
         counts = [og.per_node] * len(addrs)
-        latest, steps = self.view.resume_point(og.trial_id)
+        latest, steps = (None, 0) if og.command else self.view.resume_point(og.trial_id)
         secret = self._dist_secret(og.gang, og.run)
         try:
             await asyncio.gather(
@@ -462,6 +470,10 @@ class Gangs:
                 if s.code not in (0, None):
                     code = s.code
                     break
+        if og.command:
+            where = ", ".join(og.shares)
+            self.view.gangs.remote_command_ended(og.job_id, code, where, og.lost)
+            return
         if og.lost is not None:
             self.view.gangs.peer_lost[og.trial_id] = og.lost
             code = code or 1
@@ -540,7 +552,10 @@ class Gangs:
         og = self.owned.get(msg["gang"])
         if og is None or og.run != msg["run"] or node not in og.shares:
             return
-        self.view.append_trial_log(og.experiment_id, og.trial_id, msg["data"])
+        if og.command:
+            self.view.append_command_log(og.job_id, msg["data"])
+        else:
+            self.view.append_trial_log(og.experiment_id, og.trial_id, msg["data"])
 
     def down(self, run: TrialRun, frame: dict[str, Any]) -> None:
         og = self._owned_by_trial(run.trial_id, run.run_id)
@@ -548,6 +563,11 @@ class Gangs:
             return
         for s in og.shares.values():
             self._send(s.node, {"t": "down", "gang": og.gang, "run": og.run, "frame": frame})
+
+    def abort_job(self, job: JobRecord, why: str) -> None:
+        og = self.owned.get(f"{self.node}:{job.id}")
+        if og is not None:
+            self._abort_members(og, why)
 
     def stop(self, run: TrialRun) -> None:
         og = self._owned_by_trial(run.trial_id, run.run_id)
@@ -585,6 +605,7 @@ class Gangs:
         if not gang.startswith(f"{node}:"):
             raise DetLocalError(f"gang {gang} is not {node}'s to place [permanent]")
         spec = msg["spec"]
+        command = spec.get("command")
         free, total, kind = self.view.slots()
         if msg["slots"] > total:
             raise DetLocalError(
@@ -592,11 +613,14 @@ class Gangs:
             )
         if not self.fed.lend:
             raise DetLocalError("this machine does not lend slots (federation.lend: false)")
-        if self.contexts().has(spec["digest"]) is None:
-            raise DetLocalError(
-                f"context {spec['digest'][:12]} is not here: send it first (blob) [permanent]"
-            )
-        self.view.check_gang_config(spec["config"], msg["user"])
+        if command is not None:  # a command sent whole (`cmd run --anywhere`)
+            self.view.check_gang_command(command, msg["user"])
+        else:
+            if self.contexts().has(spec["digest"]) is None:
+                raise DetLocalError(
+                    f"context {spec['digest'][:12]} is not here: send it first (blob) [permanent]"
+                )
+            self.view.check_gang_config(spec["config"], msg["user"])
         old = self.members.get(gang)
         if old is not None:
             if run < old.run:
@@ -659,9 +683,12 @@ class Gangs:
                 f"gang {mg.gang} run {mg.run}: not reserved here (the hold expired or it was "
                 "released); place it again"
             )
-        context = self.contexts().has((job.gang or {}).get("digest", ""))
-        if context is None:
-            raise DetLocalError(f"gang {mg.gang}: its context is no longer here")
+        spec = job.gang or {}
+        context = None
+        if "command" not in spec:
+            context = self.contexts().has(spec.get("digest", ""))
+            if context is None:
+                raise DetLocalError(f"gang {mg.gang}: its context is no longer here")
         addrs = list(msg["addrs"])
         rank = int(msg["node_rank"])
         rdv = Rendezvous(  # RendezvousError (one line) for a rank or counts not in addrs
@@ -674,7 +701,8 @@ class Gangs:
         if mg.hold_timer is not None:  # a refused commit leaves the hold running
             mg.hold_timer.cancel()
         try:
-            pid = self.view.gangs.launch_member(mg.job_id, msg, Path(context), rdv)
+            where = None if context is None else Path(context)
+            pid = self.view.gangs.launch_member(mg.job_id, msg, where, rdv)
         except DetLocalError:  # its job ended: the gang is no longer placed here
             self.members.pop(mg.gang, None)
             raise

@@ -116,7 +116,29 @@ def _key(v: Any) -> bool:
     )
 
 
+MAX_ARGV = 4096  # a command's arguments (and, below, bytes per argument and of its cwd)
+MAX_ARG = 65536
+
+
+def _command(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and set(v) == {"argv", "cwd"}
+        and isinstance(v["argv"], list)
+        and 0 < len(v["argv"]) <= MAX_ARGV
+        and all(isinstance(a, str) and len(a) <= MAX_ARG for a in v["argv"])
+        and isinstance(v["cwd"], str)
+        and 0 < len(v["cwd"]) <= MAX_ARG
+    )
+
+
 def _spec(v: Any) -> bool:
+    if isinstance(v, dict) and "command" in v:  # a command sent whole (`cmd run --anywhere`)
+        return (
+            set(v) == {"command", "size"}
+            and _command(v["command"])
+            and (_int(0, MAX_SLOTS)(v.get("size")))
+        )
     return (
         isinstance(v, dict)
         and _ID(v.get("experiment_id"))

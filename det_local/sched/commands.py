@@ -65,6 +65,7 @@ class Commands:
         name: str | None = None,
         kind: str = COMMAND,
         umask: int | None = None,
+        anywhere: bool = False,
     ) -> int:
         if kind not in TASK_KINDS:
             raise DetLocalError(
@@ -101,6 +102,7 @@ class Commands:
             argv=argv,
             cwd=cwd,
             umask=userfiles.check_umask(umask),
+            anywhere=anywhere and kind == COMMAND,
         )
         # the environment may hold the submitter's secrets: a private file, never the database
         # (written before the request commits; always written: a rolled-back id is reused)

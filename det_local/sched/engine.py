@@ -443,6 +443,7 @@ class Engine:
                 trial_id=trial_id,
                 umask=self.store.get_experiment_umask(exp.id),
                 gang=None if fit is None else {"size": size, "per_node": fit.per_node},
+                anywhere=fit is None and bool(exp.config.resources.federate),
             )
 
         self.queue.enqueue_trial(trial_id, create)
@@ -666,7 +667,10 @@ class Engine:
         if job.kind == TRIAL:
             assert job.experiment_id is not None
             return self.kill(job.experiment_id)
-        return self.commands.kill(job)
+        remote = self.gangs.kill_remote(job)
+        if remote is not None:
+            return remote
+        return self.commands.kill(self.store.jobs.get(job_id))
 
     def start_unmanaged(self, payload: dict[str, Any], *, user: str, uid: int) -> dict[str, Any]:
         return unmanaged.start(self, payload, user=user, uid=uid)

@@ -182,6 +182,50 @@ class EngineView:
             "size": int((job.gang or {}).get("size", job.slots_needed)),
         }
 
+    def command_spec(self, job: JobRecord) -> dict[str, Any]:
+        """What a peer needs to run a command sent to it whole (`cmd run --anywhere`): its
+        argv and working directory (not its environment: the peer gives it a clean one)."""
+        full = self._engine.store.jobs.get(job.id)  # the scheduler's copy leaves argv out
+        return {
+            "command": {"argv": list(full.argv or []), "cwd": str(full.cwd or "/")},
+            "size": int((job.gang or {}).get("size", job.slots_needed)),
+        }
+
+    def check_gang_command(self, command: Any, user: str) -> None:
+        """A member's check of a command another machine sends it whole: argv a list of
+        strings, its working directory a directory here, the user present here."""
+        import pwd
+
+        from det_local.errors import DetLocalError
+
+        argv = command.get("argv") if isinstance(command, dict) else None
+        cwd = command.get("cwd") if isinstance(command, dict) else None
+        if (
+            not isinstance(argv, list)
+            or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)
+            or not isinstance(cwd, str)
+            or not os.path.isabs(cwd)
+        ):
+            raise DetLocalError("a command needs argv (a list of strings) and an absolute cwd")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise DetLocalError(
+                f"user {user!r} does not exist on this machine: create the account (same name) "
+                "to run its commands here [permanent]"
+            ) from None
+        if not os.path.isdir(cwd):
+            raise DetLocalError(
+                f"the command's working directory {cwd} is not on this machine: run it from a "
+                "directory every machine has (a shared file system) [permanent]"
+            )
+        if os.geteuid() != 0 and pwd.getpwuid(os.geteuid()).pw_name != user:
+            raise DetLocalError(
+                f"this machine's daemon is not root: it runs only its own user's jobs, not "
+                f"{user!r}'s [permanent]"
+            )
+
     def context_of(self, experiment_id: int) -> str:
         """The experiment's context snapshot directory."""
         return str(self._engine.store.get_experiment(experiment_id).context_dir)
@@ -219,6 +263,9 @@ class EngineView:
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
         self._engine.gangs.append_trial_log(experiment_id, trial_id, data)
+
+    def append_command_log(self, job_id: int, data: bytes) -> None:
+        self._engine.gangs.append_command_log(job_id, data)
 
     def check_gang_config(self, config: Any, user: str) -> None:
         """A member's check of the config it was sent (the owner's, hostile until checked):

@@ -86,6 +86,9 @@ class Placer(Protocol):
     def relay(self, run: TrialRun, msg: dict[str, Any]) -> asyncio.Future[Any] | None:
         """A member rank's trial frame, sent to the owner; its reply comes in the future."""
 
+    def abort_job(self, job: JobRecord, why: str) -> None:
+        """Stop whatever runs of this node's job on other nodes (a command sent whole)."""
+
     def idle_peer(self, slots: int) -> str | None:
         """A live peer that lends and has `slots` free now (the most free first), or None."""
 
@@ -127,16 +130,11 @@ class GangShares:
                 job = engine.store.jobs.peek(job_id)
             except DetLocalError:
                 continue
-            if (
-                job.state != QUEUED
-                or job.kind != "TRIAL"
-                or job.gang is not None
-                or job.experiment_id is None
-                or job.experiment_id not in engine.experiments
-                or not engine.experiments[job.experiment_id].config.resources.federate
-            ):
+            if job.state != QUEUED or not job.anywhere or job.gang is not None:
                 continue
             size = job.slots_needed
+            if size == 0:  # it never waits for slots
+                continue
             node = self.placer.idle_peer(size)
             if node is None:
                 continue
@@ -144,8 +142,9 @@ class GangShares:
             spec = {"size": size, "per_node": size, "anywhere": node}
             engine.store.jobs.set_gang(job_id, spec, 0)
             engine.note(
-                f"trial {job.trial_id} waits here for {size} slot{'s' if size > 1 else ''}; "
-                f"machine {node} has them free: it runs there (resources.federate)",
+                f"{_what(job)} waits here for {size} slot{'s' if size > 1 else ''}; "
+                f"machine {node} has them free: it runs there "
+                + ("(resources.federate)" if job.trial_id is not None else "(--anywhere)"),
                 experiment_id=job.experiment_id,
                 trial_id=job.trial_id,
             )
@@ -168,7 +167,7 @@ class GangShares:
         engine.queue.hold_back.pop(job_id, None)
         self.stay_until[job_id] = time.monotonic() + OFFLOAD_BACKOFF_S
         engine.note(
-            f"trial {job.trial_id} waits here again: {why}",
+            f"{_what(job)} waits here again: {why}",
             experiment_id=job.experiment_id,
             trial_id=job.trial_id,
         )
@@ -204,6 +203,9 @@ class GangShares:
             raise DetLocalError(f"job {job_id} is {job.state}, not reserved")
         engine.store.jobs.commit(job_id)
         job = engine.store.jobs.peek(job_id)
+        if job.kind == "COMMAND":  # a command sent whole to a peer: it runs there
+            engine.note(f"command {job_id} runs on {', '.join(rendezvous.addrs)}")
+            return
         if job.slots_needed == 0:  # this node runs no ranks: its job only coordinates
             self._coordinate(job)
             return
@@ -252,21 +254,66 @@ class GangShares:
     def open_trial_log(self, experiment_id: int, trial_id: int) -> int:
         """The trial's log opened for appending, as its ranks' output is (the submitter's file
         in system mode; never through a link a user put in its place)."""
-        from det_local.sched import userfiles
-        from det_local.sched.users import identity as identity_of
         from det_local.sched.users import uid_of
 
         engine = self.engine
         uid = engine.owner_uid(experiment_id)
         if uid is None:
             uid = uid_of(engine.store.get_experiment(experiment_id).user)
-        ident = identity_of(uid)
-        owner = userfiles.owner_for(
-            ident, engine.store.get_experiment_umask(experiment_id), engine.settings.admin_group
-        )
         path = engine.paths.trial_log(experiment_id, trial_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        return self._open_log(path, uid, engine.store.get_experiment_umask(experiment_id))
+
+    def _open_log(self, path: Path, uid: int, umask: int | None, *, own_dir: bool = False) -> int:
+        """own_dir: the log's directory is the user's (a command's job directory), as
+        `Commands.start` makes it."""
+        from det_local.sched import userfiles
+        from det_local.sched.users import identity as identity_of
+
+        owner = userfiles.owner_for(identity_of(uid), umask, self.engine.settings.admin_group)
+        if own_dir and owner is not None:
+            userfiles.make_dir(path.parent, owner)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
         return userfiles.open_log(path, owner)
+
+    def append_command_log(self, job_id: int, data: bytes) -> None:
+        """Output of a command this node sent whole to a peer (`cmd logs` shows it)."""
+        job = self.engine.store.jobs.peek(job_id)
+        path = self.engine.paths.command_log(job_id)
+        with os.fdopen(self._open_log(path, job.uid, job.umask, own_dir=True), "ab") as f:
+            f.write(data)
+
+    def remote_command_ended(self, job_id: int, code: int, where: str, lost: str | None) -> None:
+        """A command sent whole to a peer has ended there (or the peer was lost)."""
+        from det_local.sched.outcome import describe_exit
+
+        engine = self.engine
+        job = engine.store.jobs.peek(job_id)
+        if job.state != SCHEDULED:
+            return
+        killed = job_id in engine.commands.killing
+        engine.commands.killing.discard(job_id)
+        if killed:
+            status, message = code, "killed on request"
+        elif lost is not None:
+            status, message = None, f"command {job_id} on {where}: {lost}; it is not run again"
+        else:
+            status, message = code, f"command {job_id} {describe_exit(code)} on {where}"
+        engine.store.jobs.finish(job_id, status, message)
+        engine.queue.schedule()
+
+    def kill_remote(self, job: JobRecord) -> str | None:
+        """`cmd kill` of a command sent whole to a peer; None when it is not one."""
+        if job.gang is None or self.placer is None:
+            return None
+        if job.state == RESERVED:
+            self.placer.yield_share(job, "killed on request")
+            return None  # back in the queue: removed from it as any queued command
+        if job.state == SCHEDULED:
+            self.engine.commands.killing.add(job.id)
+            self.placer.abort_job(job, "killed on request")
+            return f"command {job.id} is being stopped"
+        return None
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
         """Output of the trial's ranks on another node (already `[rank=N]` prefixed)."""
@@ -319,7 +366,7 @@ class GangShares:
         return job_id  # the caller runs a scheduling pass once it tracks the share
 
     def launch_member(
-        self, job_id: int, commit: dict[str, Any], context: Path, rendezvous: Rendezvous
+        self, job_id: int, commit: dict[str, Any], context: Path | None, rendezvous: Rendezvous
     ) -> int:
         """The owner committed: spawn this node's ranks of its trial; returns the pid."""
         engine = self.engine
@@ -330,6 +377,9 @@ class GangShares:
             raise DetLocalError(f"member job {job_id} is {job.state}, not reserved")
         jobs.commit(job_id)
         try:
+            if "command" in spec:
+                return self._spawn_command(job_id, spec["command"])
+            assert context is not None
             return self._spawn_member(job_id, spec, commit, context, rendezvous)
         except (DetLocalError, OSError) as err:  # it holds no process: end it, free its slots
             why = f"its ranks could not start: {err}"
@@ -421,6 +471,49 @@ class GangShares:
         run.pid = proc.pid
         return proc.pid
 
+    def _spawn_command(self, job_id: int, command: dict[str, Any]) -> int:
+        """A command another node sent whole (`cmd run --anywhere`): run as its user in its
+        working directory, with a clean environment (the submitter's stays on its machine)
+        and this node's slot variables."""
+        from det_local.errors import TrialError
+        from det_local.sched import userfiles
+        from det_local.sched.plan import LaunchPlan, base_env, thread_env
+        from det_local.sched.users import identity as identity_of
+
+        engine = self.engine
+        job = engine.store.jobs.peek(job_id)
+        identity = identity_of(job.uid)
+        owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
+        run_dir = engine.paths.home / "fed" / "runs" / str(job_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = base_env(None, job.uid)
+        env["DET_LOCAL_HOME"] = str(engine.paths.home)
+        env["CUDA_VISIBLE_DEVICES"] = engine.inventory.visible_devices(job.slots)
+        env["DET_SLOT_IDS"] = str(job.slots)
+        for item in thread_env(engine.inventory.cpu_threads(len(job.slots)), env):
+            name, _, value = item.partition("=")
+            env[name] = value
+        cwd = str(command["cwd"])
+        if not os.path.isdir(cwd):
+            raise DetLocalError(f"its working directory {cwd} is not on this machine")
+        plan = LaunchPlan(
+            argv=[str(a) for a in command["argv"]],
+            env=env,
+            cwd=cwd,
+            user=job.user,
+            slots=list(job.slots),
+            log_path=str(self.member_log(job_id)),
+            info_dir=str(run_dir),
+            umask=job.umask,
+            admin_gid=owner.admin_gid if owner is not None else None,
+            **identity,
+        )
+        try:
+            proc = engine.supervisor.spawn(job, plan)
+        except TrialError as err:
+            raise DetLocalError(str(err)) from None
+        return int(proc.pid)
+
     def member_log(self, job_id: int) -> Path:
         return self.engine.paths.home / "fed" / "runs" / str(job_id) / "trial.log"
 
@@ -454,10 +547,15 @@ class GangShares:
 
     def member_job_exited(self, job: JobRecord, code: int | None) -> None:
         self.relays.pop(job.id, None)
-        message = "its ranks exited" if code == 0 else f"its ranks exited with {code}"
+        what = "its command" if "command" in (job.gang or {}) else "its ranks"
+        message = f"{what} exited" if code == 0 else f"{what} exited with {code}"
         self.engine.store.jobs.finish(job.id, code, message)
         if self.placer is not None:
             self.placer.member_exited(job, code)
+
+
+def _what(job: JobRecord) -> str:
+    return f"trial {job.trial_id}" if job.trial_id is not None else f"command {job.id}"
 
 
 def gang_key(gang: dict[str, Any]) -> tuple[int, int, str, int]:

@@ -77,6 +77,7 @@ class Controls(Protocol):
         name: str | None = None,
         kind: str = "COMMAND",
         umask: int | None = None,
+        anywhere: bool = False,
     ) -> int: ...
 
     def kill_job(self, job_id: int) -> str: ...
@@ -235,6 +236,7 @@ def cmd_run(c: Controls, req: Request) -> int:
         name=p.get("name"),
         kind=str(p.get("kind", "COMMAND")),
         umask=umask_of(c, req),
+        anywhere=p.get("anywhere") is True,
     )
 
 

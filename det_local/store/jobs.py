@@ -63,7 +63,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     message TEXT,
     preempt_acked INTEGER NOT NULL DEFAULT 0,
     umask INTEGER,
-    gang TEXT
+    gang TEXT,
+    anywhere INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_by_position ON jobs(position);
@@ -87,7 +88,7 @@ ENDED = (DONE, CANCELED)
 _COLS = (
     "id, kind, name, user, uid, priority, position, slots_needed, state, experiment_id, "
     "trial_id, slots, pid, pid_start, run_id, submitted_at, started_at, ended_at, argv, "
-    "cwd, exit_code, message, preempt_acked, umask, gang"
+    "cwd, exit_code, message, preempt_acked, umask, gang, anywhere"
 )
 _LIST_COLS = _COLS
 # the scheduling pass skips argv (`get` reads the whole row when a job starts)
@@ -131,6 +132,9 @@ class JobRecord:
     umask: int | None = None  # the submitter's umask (None: submitted before it was recorded)
     # a share of a gang across machines (federate/): what this node's part of it is
     gang: dict[str, Any] | None = None
+    # it may run wholly on an idle peer when this machine is full (resources.federate,
+    # --anywhere); its `gang` then says which peer runs it
+    anywhere: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -181,6 +185,7 @@ def _row(r: Sequence[Any]) -> JobRecord:
         preempt_acked=bool(r[22]),
         umask=r[23],
         gang=json.loads(r[24]) if r[24] else None,
+        anywhere=bool(r[25]),
     )
 
 
@@ -258,6 +263,8 @@ class JobTable:
                 conn.execute("ALTER TABLE jobs ADD COLUMN umask INTEGER")
             if "gang" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN gang TEXT")
+            if "anywhere" not in columns:  # a database from before the column
+                conn.execute("ALTER TABLE jobs ADD COLUMN anywhere INTEGER NOT NULL DEFAULT 0")
 
     # -- the writer's copy of the active jobs ----------------------------------------------
     def reload(self) -> None:
@@ -324,13 +331,14 @@ class JobTable:
         cwd: str | None = None,
         umask: int | None = None,
         gang: dict[str, Any] | None = None,
+        anywhere: bool = False,
     ) -> int:
         now = time.time()
         cur = self.conn.execute(
             "INSERT INTO jobs(kind, name, user, uid, priority, position, slots_needed, state,"
-            " experiment_id, trial_id, submitted_at, argv, cwd, umask, gang)"
+            " experiment_id, trial_id, submitted_at, argv, cwd, umask, gang, anywhere)"
             " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(position), 0) + 1 FROM jobs),"
-            f" ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
+            f" ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_ACTIVE_COLS}",
             (
                 kind,
                 name,
@@ -346,6 +354,7 @@ class JobTable:
                 cwd,
                 umask,
                 json.dumps(gang) if gang is not None else None,
+                int(anywhere),
             ),
         )
         rows = cur.fetchall()
