@@ -4,6 +4,7 @@ its ranks (it only coordinates: a run without a process), in network namespaces.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -239,6 +240,16 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
         timeout=30,
         what="the command to run on n2",
     )
+    # where each job runs, as every node sees it
+    res = n1.cli("job", "list", "--cluster", "--json")
+    assert res.returncode == 0, res.stderr
+    blocks = {b["node"]: b["value"] for b in json.loads(res.stdout)}
+    mine = {j["id"]: j for j in blocks["n1"]}
+    assert mine[job_id]["runs_on"] == "n2" and mine[job_id]["state"] == "SCHEDULED"
+    assert [j["runs_on"] for j in blocks["n1"] if j["name"] == "busy"] == ["n1"]
+    assert [(j["kind"], j["runs_on"]) for j in blocks["n2"]] == [("MEMBER", "n2")]
+    table = n1.cli("job", "list", "--cluster").stdout
+    assert "Runs on" in table and table.count(" n2") >= 2, table
     res = n1.cli("cmd", "kill", str(job_id))
     assert res.returncode == 0 and "being stopped" in res.stdout, res.stdout + res.stderr
     wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=30, what="the kill")

@@ -145,7 +145,7 @@ def _cluster_jobs(show_all: bool, as_json: bool) -> None:
     rows = []
     for node in nodes:
         if "error" in node:
-            rows.append([node["node"], "-", "-", "-", "-", "-", f"({node['error']})", "-"])
+            rows.append([node["node"], "-", "-", "-", "-", "-", f"({node['error']})", "-", "-"])
             continue
         for j in node.get("value") or []:  # type: ignore[attr-defined]
             rows.append(
@@ -158,6 +158,8 @@ def _cluster_jobs(show_all: bool, as_json: bool) -> None:
                     f"{len(j['slots'])}/{j['slots_needed']}",
                     j["state"],
                     j["user"],
+                    j.get("runs_on") or "-",
                 ]
             )
-    print(table(["Node", "ID", "Type", "Name", "Priority", "Slots", "State", "User"], rows))
+    headers = ["Node", "ID", "Type", "Name", "Priority", "Slots", "State", "User", "Runs on"]
+    print(table(headers, rows))

@@ -206,6 +206,9 @@ class Gangs:
             self.view.set_share(job.id, fit.local, {"size": size, "per_node": fit.per_node})
             self.view.schedule()
             return
+        if not anywhere:  # where it runs (`job list --cluster`)
+            spec = {**(job.gang or {}), "nodes": list(fit.nodes)}
+            self.view.set_share(job.id, job.slots_needed, spec)
         gang = f"{self.node}:{job.id}"
         old = self.owned.get(gang)
         if old is not None:

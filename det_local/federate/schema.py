@@ -262,6 +262,8 @@ def check_jobs(value: Any) -> str | None:
         slots = job.get("slots")
         if not isinstance(slots, list) or not all(_int(0, MAX_SLOTS)(s) for s in slots):
             return "a job with invalid 'slots'"
+        if "runs_on" in job and not _str(1024)(job["runs_on"]):
+            return "a job with an invalid 'runs_on'"
     return None
 
 

@@ -92,7 +92,25 @@ class EngineView:
         jobs = self._engine.store.jobs.list(include_done=include_done)
         order = {"SCHEDULED": 0, "QUEUED": 1}
         jobs.sort(key=lambda j: (order.get(str(j.state), 2), j.priority, j.id))
-        return [{k: getattr(j, k) for k in JOB_FIELDS} for j in jobs[:limit]]
+        return [
+            {**{k: getattr(j, k) for k in JOB_FIELDS}, "runs_on": self.runs_on(j)}
+            for j in jobs[:limit]
+        ]
+
+    def runs_on(self, job: JobRecord) -> str:
+        """The nodes a running (or reserved) job's processes are on; "" while it waits or
+        once it has ended."""
+        if job.state not in ("SCHEDULED", "RESERVED"):
+            return ""
+        gang = job.gang or {}
+        me = self.node_id or "local"
+        if job.kind == "MEMBER":
+            return me
+        if gang.get("anywhere"):
+            return str(gang["anywhere"])
+        if gang.get("nodes"):
+            return ",".join(str(n) for n in gang["nodes"])
+        return me
 
     def slot_rows(self) -> list[dict[str, Any]]:
         """This node's slots as `slots --json` gives them (without foreign process lists)."""
