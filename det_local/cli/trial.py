@@ -60,7 +60,7 @@ def trials_table(
             t.restarts,
             "" if t.best_validation is None else fmt_value(t.best_validation),
             fmt_metrics(latest.metrics if latest else None),
-            fmt_metrics(t.hparams),
+            fmt_metrics(dict(flatten(t.hparams))),
             t.latest_checkpoint or "",
         ]
         if rungs:

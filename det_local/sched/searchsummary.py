@@ -1,5 +1,6 @@
 """The end of a search in a few lines: its trials best first (by the searcher metric), at most
-SHOWN of them, and the best trial with its checkpoint.
+SHOWN of them, with the hyperparameters that vary between trials, and the best trial with its
+checkpoint.
 
     Experiment 4 (mnist-asha) COMPLETED after 84.2s
       16 trials, best val_loss first (smaller is better):
@@ -71,6 +72,18 @@ def _hparams(hparams: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+def _varying(per_trial: list[list[str]]) -> set[str]:
+    """The hyperparameter names whose values differ between trials (all of them when none
+    does): what the search explored, without the constants."""
+    seen: dict[str, set[str]] = {}
+    for items in per_trial:
+        for item in items:
+            name, _, value = item.partition("=")
+            seen.setdefault(name, set()).add(value)
+    varying = {name for name, values in seen.items() if len(values) > 1}
+    return varying or set(seen)
+
+
 def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[str]:
     """The summary's lines after its first (indented by two spaces)."""
     from det_local.tables import table, terminal_width
@@ -81,13 +94,14 @@ def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[st
     ranked = rank(trials, smaller)
     order = "smaller" if smaller else "larger"
     lines = [f"  {len(trials)} trials, best {shown_metric} first ({order} is better):"]
+    varying = _varying([_hparams(t.hparams) for t in trials])
     rows = [
         [
             t.id,
             t.state.value,
             t.steps_completed,
             "" if t.best_validation is None else _fmt(t.best_validation),
-            " ".join(_hparams(t.hparams)),
+            " ".join(h for h in _hparams(t.hparams) if h.partition("=")[0] in varying),
         ]
         for t in ranked[:SHOWN]
     ]
