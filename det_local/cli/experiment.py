@@ -134,7 +134,7 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     ]
     from det_local.tables import wrap_lines
 
-    lines = [f"Experiment {exp.id}: {exp.name}"]
+    lines = wrap_lines(f"Experiment {exp.id}: ", exp.name, indent=0)
     for k, v in fields:
         lines += wrap_lines(f"{k + ':':<13}", str(v))
     lines += ["", "Trials (best first):", trials_table(store, trials, rungs)]
