@@ -3,7 +3,6 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -50,6 +49,25 @@ def run(
         test_mode=test_mode,
         anywhere=anywhere,
     )
+
+
+def create_experiment(
+    config_path: str | Path, context_dir: str | Path, *, follow: bool, test_mode: bool = False
+) -> int:
+    """`experiment create`: submit to the running engine and return 0 at once (the id is
+    printed), or with follow=True run and follow as `run` does (an embedded engine when none
+    runs); returns the exit code."""
+    if not follow:
+        from det_local.errors import DetLocalError
+        from det_local.sched.control import lock_free
+
+        p = paths()
+        if lock_free(p):
+            raise DetLocalError(
+                f"no det-local daemon is running for {p.home}: `det-local daemon start` "
+                "first, or `det-local experiment create -f` runs the experiment in this terminal"
+            )
+    return run(config_path, context_dir, follow=follow, test_mode=test_mode)
 
 
 def test_experiment(
@@ -142,18 +160,10 @@ def command_exit_status(job: Any) -> int:
 def ranked_trials(store: Store, experiment_id: int) -> list[Any]:
     """The experiment's trials, best searcher metric first (trials without one last; NaN and
     the infinities, which the daemon never records as a best, rank after every number)."""
-    exp = store.get_experiment(experiment_id)
-    smaller = bool((exp.config.get("searcher") or {}).get("smaller_is_better", True))
-    trials = store.list_trials(experiment_id)
+    from det_local.sched.searchsummary import rank, searcher_of
 
-    def key(t: Any) -> tuple[int, float]:
-        if t.best_validation is None:
-            return (2, 0.0)
-        if not math.isfinite(t.best_validation):
-            return (1, 0.0)
-        return (0, t.best_validation if smaller else -t.best_validation)
-
-    return sorted(trials, key=key)
+    _, smaller = searcher_of(store.get_experiment(experiment_id).config)
+    return rank(store.list_trials(experiment_id), smaller)
 
 
 def trial_rungs(store: Store, experiment_id: int) -> dict[int, int]:
@@ -190,15 +200,10 @@ def best_trial(experiment_id: int) -> dict[str, Any]:
             f"experiment {experiment_id} has no trial with a validation of its searcher metric yet"
         )
     trial = ranked[0]
-    exp = store.get_experiment(experiment_id)
-    metric = (exp.config.get("searcher") or {}).get("metric")
-    steps = None
-    for m in store.list_metrics(trial.id, "validation"):
-        if metric is not None and m.metrics.get(metric) == trial.best_validation:
-            steps = m.steps_completed
-    ckpts = [c for c in store.list_checkpoints(trial_id=trial.id) if c.state == "COMPLETED"]
-    at_best = [c for c in ckpts if c.steps_completed == steps]
-    ckpt = at_best[-1] if at_best else (ckpts[-1] if ckpts else None)
+    from det_local.sched.searchsummary import best_checkpoint, searcher_of
+
+    metric, _ = searcher_of(store.get_experiment(experiment_id).config)
+    ckpt = best_checkpoint(store, trial, metric)
     return {
         "experiment_id": experiment_id,
         "metric": metric,

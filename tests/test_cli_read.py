@@ -184,6 +184,13 @@ def test_experiment_list_json(world: World) -> None:
 def test_experiment_describe(world: World) -> None:
     r = world.cli("experiment", "describe", world.exp)
     assert r.returncode == 0, r.stderr
+    # at the default 100 columns the trials table drops its Checkpoint column (the checkpoints
+    # are listed below it) and cuts the latest metrics; COLUMNS=200 shows them whole
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 100
+    assert "Checkpoint" not in r.stdout.split("Checkpoints:")[0]
+    world.env["COLUMNS"] = "200"
+    r = world.cli("experiment", "describe", world.exp)
+    assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"Experiment {world.exp}: mnist" in out
     assert "first try" in out

@@ -72,7 +72,8 @@ def checkpoints_table(ckpts: Iterable[CheckpointRecord]) -> str:
         ]
         for c in ckpts
     ]
-    return table(["UUID", "Trial", "Steps", "State", "Size", "Created"], rows)
+    headers = ["UUID", "Trial", "Steps", "State", "Size", "Created"]
+    return table(headers, rows, flex=(), optional=("Created",))
 
 
 # ---------------------------------------------------------------------------- commands
@@ -113,6 +114,7 @@ def describe(
     """Show a checkpoint: its record, metadata and files."""
     from det_local.api import open_store
     from det_local.cli.common import print_json, table
+    from det_local.tables import wrap_lines
 
     ckpt = open_store().get_checkpoint(uuid)
     if as_json:
@@ -126,17 +128,19 @@ def describe(
         f"  Steps:      {ckpt.steps_completed}",
         f"  State:      {ckpt.state}",
         f"  Created:    {fmt_time(ckpt.created_at)}",
-        f"  Path:       {ckpt.path}",
+        *wrap_lines("Path:       ", str(ckpt.path)),
         f"  Size:       {fmt_bytes(checkpoint_size(ckpt))} in {len(files)} files",
         "",
         "Metadata:",
     ]
     if ckpt.metadata:
-        lines += [f"  {k}: {fmt_value(v)}" for k, v in sorted(ckpt.metadata.items())]
+        for k, v in sorted(ckpt.metadata.items()):
+            lines += wrap_lines(f"{k}: ", fmt_value(v))
     else:
         lines.append("  (none)")
     lines += ["", "Files:"]
-    lines.append(table(["Path", "Size"], [[p, fmt_bytes(int(s))] for p, s in files]))
+    rows = [[p, fmt_bytes(int(s))] for p, s in files]
+    lines.append(table(["Path", "Size"], rows, flex=("Path",)))
     print("\n".join(lines))
 
 

@@ -79,7 +79,9 @@ def token(as_json: bool = typer.Option(False, "--json", help='Print {"token": ..
 
 @app.command("join")
 def join(
-    token: str = typer.Argument(..., help="The line `det-local cluster init` printed."),
+    token: str = typer.Argument(
+        ..., metavar="TOKEN", help="The line `det-local cluster init` printed."
+    ),
 ) -> None:
     """Join the cluster whose token this is (writes the key; the daemon starts federating)."""
     from det_local import api
@@ -142,7 +144,8 @@ def peers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     print(
         table(
             ["Node", "Address", "State", "Slots free", "Version", "Last seen", "Queued"],
-            [
+            flex=("Node", "Address"),
+            rows=[
                 [
                     r["id"],
                     r["address"],

@@ -97,12 +97,13 @@ def list_commands(
         ]
         for j in jobs
     ]
-    print(table(["ID", "State", "Exit", "Slots", "User", "Command"], rows))
+    headers = ["ID", "State", "Exit", "Slots", "User", "Command"]
+    print(table(headers, rows, flex=("User", "Command")))
 
 
 @app.command("logs")
 def logs(
-    job_id: int = typer.Argument(..., help="The command's job id."),
+    job_id: int = typer.Argument(..., metavar="JOB_ID", help="The command's job id."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow until it ends."),
 ) -> None:
     """A command's output."""
@@ -118,7 +119,7 @@ def logs(
 
 
 @app.command("kill")
-def kill(job_id: int = typer.Argument(..., help="The command's job id.")) -> None:
+def kill(job_id: int = typer.Argument(..., metavar="JOB_ID", help="The command's job id.")) -> None:
     """Stop a command (SIGTERM to its process group, then SIGKILL), or drop it from the queue."""
     from det_local import api
 

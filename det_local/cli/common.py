@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import typer
@@ -20,6 +21,10 @@ def run_cli(app: typer.Typer) -> int:
     if "--debug" in argv:
         argv.remove("--debug")
         os.environ[DEBUG_ENV] = "1"
+    if os.environ.get("_DET_LOCAL_COMPLETE"):  # a shell asks for completions
+        from typer.completion import completion_init
+
+        completion_init()  # typer's completion classes, which its scripts speak to
     try:
         rc = app(args=argv, prog_name="det-local", standalone_mode=False)
     except DetLocalError as err:
@@ -38,8 +43,11 @@ def run_cli(app: typer.Typer) -> int:
             return int(getattr(err, "exit_code", 0) or 0)
         if name == "Abort":
             return 130
+        if name == "NoArgsIsHelpError":  # a group called without a command: its help
+            err.show()  # type: ignore[attr-defined]
+            return int(getattr(err, "exit_code", 2))
         if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
-            err.show()
+            usage_line(err)
             return int(getattr(err, "exit_code", 1))
         if os.environ.get(DEBUG_ENV):
             raise
@@ -52,22 +60,36 @@ def run_cli(app: typer.Typer) -> int:
     return rc if isinstance(rc, int) else 0
 
 
+def usage_line(err: Any) -> None:
+    """A usage error (unknown command or option, missing argument) as one line on stderr:
+    `det-local experiment: no command 'lst'; did you mean 'list'?`."""
+    ctx = getattr(err, "ctx", None)
+    where = ctx.command_path if ctx is not None else "det-local"
+    message = err.format_message() if hasattr(err, "format_message") else str(err)
+    if message.startswith("no command"):  # names the closest command, or where the list is
+        print(f"{where}: {message}", file=sys.stderr)
+        return
+    print(f"{where}: {message} (`{where} -h` for help)", file=sys.stderr)
+
+
 def print_json(value: Any) -> None:
     from det_local.store.records import json_safe
 
     print(json.dumps(json_safe(value), indent=2, sort_keys=False))
 
 
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A plain aligned text table (no colours: it is read by people and grep alike)."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    line = " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False))
-    sep = "-+-".join("-" * w for w in widths)
-    body = [
-        " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in cells
-    ]
-    return "\n".join([line.rstrip(), sep, *body])
+def table(
+    headers: list[str],
+    rows: list[list[Any]],
+    *,
+    flex: Collection[str] | None = None,
+    optional: Sequence[str] = (),
+) -> str:
+    """A table that fits the terminal (det_local/tables.py): plain aligned text with " | "
+    between cells when stdout is not a terminal (100 columns unless COLUMNS says otherwise),
+    rich with colours on one. flex: headers of the columns that may shrink (default: the wide
+    ones); optional: headers of columns dropped, first ones first, when shrinking is not
+    enough."""
+    from det_local.tables import table as fitted
+
+    return fitted(headers, rows, flex=flex, optional=optional)

@@ -13,8 +13,10 @@ app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Experiment 
 
 @app.command("check")
 def check(
-    config: Path = typer.Argument(..., help="Experiment config (YAML)."),
-    context: Path | None = typer.Argument(None, help="Context directory (checks the entrypoint)."),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment config (YAML)."),
+    context: Path | None = typer.Argument(
+        None, metavar="[CONTEXT]", help="Context directory (checks the entrypoint)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Validate CONFIG, print it with defaults filled in, the search plan (how many trials) and

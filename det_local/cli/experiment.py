@@ -2,24 +2,59 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
+from det_local.sched.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Experiments: list, describe, pause, activate, kill, label.",
+    help="Experiments: create, list, describe, pause, activate, kill, label, set priority.",
 )
 label_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Add or remove an experiment's labels."
 )
-app.add_typer(label_app, name="label")
+set_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Change an experiment's settings."
+)
+app.add_typer(label_app, name="label", cls=DetGroup)
+app.add_typer(set_app, name="set", cls=DetGroup)
 
 ExperimentId = Annotated[int, typer.Argument(metavar="EXPERIMENT_ID", help="The experiment's id.")]
+
+
+# ---------------------------------------------------------------------------- create
+@app.command("create")
+def create(
+    config: Annotated[
+        Path, typer.Argument(metavar="CONFIG", help="Experiment config (Determined's YAML).")
+    ],
+    context: Annotated[
+        Path, typer.Argument(metavar="CONTEXT", help="Context directory: the code the trials run.")
+    ],
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Stay and stream the trials' output to the end, as `run` does."
+        ),
+    ] = False,
+    test: Annotated[
+        bool, typer.Option("--test", help="Test mode, as `det-local run --test`.")
+    ] = False,
+) -> None:
+    """Submit an experiment to the running daemon and print its id (Determined's
+    `det e create`); with -f, follow it as `det-local run` does (exit status as run's)."""
+    from det_local import api
+
+    code = api.create_experiment(config, context, follow=follow, test_mode=test)
+    if code:
+        raise typer.Exit(code)
 
 
 # ---------------------------------------------------------------------------- reads
@@ -57,7 +92,7 @@ def list_experiments(
         for e in exps
     ]
     headers = ["ID", "Name", "State", "Progress", "Labels", "User", "Started", "Ended"]
-    print(table(headers, rows))
+    print(table(headers, rows, flex=("Name", "Labels", "User"), optional=("Ended",)))
 
 
 @app.command("describe")
@@ -97,8 +132,11 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         ("Slots/trial", _slots(cfg)),
         ("Context", exp.context_dir),
     ]
-    lines = [f"Experiment {exp.id}: {exp.name}"]
-    lines += [f"  {k + ':':<13}{v}".rstrip() for k, v in fields]
+    from det_local.tables import wrap_lines
+
+    lines = wrap_lines(f"Experiment {exp.id}: ", exp.name, indent=0)
+    for k, v in fields:
+        lines += wrap_lines(f"{k + ':':<13}", str(v))
     lines += ["", "Trials (best first):", trials_table(store, trials, rungs)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
     print("\n".join(lines))
@@ -185,6 +223,15 @@ def label_remove(
 ) -> None:
     """Remove a label from an experiment."""
     _control(experiment_id, "label_remove", label=label)
+
+
+@set_app.command("priority")
+def set_priority(
+    experiment_id: ExperimentId,
+    priority: Annotated[int, typer.Argument(metavar="PRIORITY", help=PRIORITY_HELP)],
+) -> None:
+    """Set an experiment's priority (its trials' jobs move in the queue at once)."""
+    _control(experiment_id, "set_priority", priority=priority)
 
 
 @app.command("best")

@@ -52,9 +52,8 @@ def list_jobs(
                 j.user,
             ]
         )
-    print(
-        table(["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"], rows)
-    )
+    headers = ["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"]
+    print(table(headers, rows, flex=("Name", "User")))
 
 
 def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
@@ -88,7 +87,7 @@ def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
 
 @app.command("update")
 def update(
-    job_id: int = typer.Argument(..., help="The job to change."),
+    job_id: int = typer.Argument(..., metavar="JOB_ID", help="The job to change."),
     priority: int = typer.Option(None, "--priority", help=PRIORITY_HELP),
     ahead_of: int = typer.Option(None, "--ahead-of", help="Move it just ahead of this job."),
     behind_of: int = typer.Option(None, "--behind-of", help="Move it just behind this job."),
@@ -107,7 +106,9 @@ def update(
 @app.command("update-batch")
 def update_batch(
     updates: list[str] = typer.Argument(
-        ..., help="JOB_ID.priority=N, JOB_ID.ahead-of=J or JOB_ID.behind-of=J, several at once."
+        ...,
+        metavar="UPDATE...",
+        help="JOB_ID.priority=N, JOB_ID.ahead-of=J or JOB_ID.behind-of=J, several at once.",
     ),
 ) -> None:
     """Several updates, checked together before any is applied: `2.priority=10 5.ahead-of=3`."""
@@ -162,4 +163,4 @@ def _cluster_jobs(show_all: bool, as_json: bool) -> None:
                 ]
             )
     headers = ["Node", "ID", "Type", "Name", "Priority", "Slots", "State", "User", "Runs on"]
-    print(table(headers, rows))
+    print(table(headers, rows, flex=("Node", "Name", "User", "Runs on")))

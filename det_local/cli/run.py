@@ -8,8 +8,12 @@ import typer
 
 
 def run_command(
-    config: Path = typer.Argument(..., help="Experiment config (Determined's YAML format)."),
-    context: Path = typer.Argument(..., help="Context directory: the code the trials run."),
+    config: Path = typer.Argument(
+        ..., metavar="CONFIG", help="Experiment config (Determined's YAML format)."
+    ),
+    context: Path = typer.Argument(
+        ..., metavar="CONTEXT", help="Context directory: the code the trials run."
+    ),
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Submit to the running daemon and return at once."
     ),

@@ -59,7 +59,8 @@ def slots_table(rows: list[dict[str, Any]]) -> str:
     headers = ["Slot", "Kind", "Name", "UUID", "Memory", "Util", "Used by"]
     return table(
         headers,
-        [
+        flex=("Name", "Used by"),
+        rows=[
             [
                 r["index"],
                 r["kind"],
@@ -115,4 +116,5 @@ def _cluster_slots(as_json: bool) -> None:
                     r.get("used_by") or "",
                 ]
             )
-    print(table(["Node", "Slot", "Kind", "Name", "Memory", "Used by"], rows))
+    headers = ["Node", "Slot", "Kind", "Name", "Memory", "Used by"]
+    print(table(headers, rows, flex=("Node", "Name", "Used by")))

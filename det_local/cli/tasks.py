@@ -38,7 +38,9 @@ def notebook_start(
 
 @tensorboard_app.command("start")
 def tensorboard_start(
-    experiment_ids: list[int] = typer.Argument(..., help="Experiment ids to show."),
+    experiment_ids: list[int] = typer.Argument(
+        ..., metavar="EXPERIMENT_ID...", help="Experiment ids to show."
+    ),
 ) -> None:
     """TensorBoard over the experiments' trials on localhost; prints its URL."""
     from det_local import api

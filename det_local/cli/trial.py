@@ -60,7 +60,7 @@ def trials_table(
             t.restarts,
             "" if t.best_validation is None else fmt_value(t.best_validation),
             fmt_metrics(latest.metrics if latest else None),
-            fmt_metrics(t.hparams),
+            fmt_metrics(dict(flatten(t.hparams))),
             t.latest_checkpoint or "",
         ]
         if rungs:
@@ -70,7 +70,9 @@ def trials_table(
     headers += ["Hyperparameters", "Checkpoint"]
     if rungs:
         headers.insert(3, "Rung")
-    return table(headers, rows)
+    wide = ("Latest Validation", "Hyperparameters", "Checkpoint")
+    # the checkpoints are listed in full under this table
+    return table(headers, rows, flex=wide, optional=("Checkpoint",))
 
 
 # ---------------------------------------------------------------------------- list / describe
@@ -106,7 +108,9 @@ def list_trials(
         for t in trials
     ]
     headers = ["ID", "State", "Steps", "Restarts", "Best Validation", "Checkpoint"]
-    print(table([*headers, "Hyperparameters", "Started", "Ended"], rows))
+    headers += ["Hyperparameters", "Started", "Ended"]
+    wide = ("Checkpoint", "Hyperparameters")
+    print(table(headers, rows, flex=wide, optional=("Ended", "Started")))
 
 
 @app.command("describe")
@@ -117,6 +121,7 @@ def describe(
     """Show a trial: state, hyperparameters, latest metrics and checkpoints."""
     from det_local.api import open_store
     from det_local.cli.common import print_json
+    from det_local.tables import wrap_lines
 
     store = open_store()
     t = store.get_trial(trial_id)
@@ -151,9 +156,13 @@ def describe(
     lines += [f"  Started:           {fmt_time(t.created_at)}"]
     lines += [f"  Ended:             {fmt_time(t.ended_at)}"]
     if t.message:
-        lines.append(f"  Message:           {t.message}")
+        lines += wrap_lines("Message:           ", t.message)
     lines += ["", "Hyperparameters:"]
-    lines += [f"  {k}: {fmt_value(v)}" for k, v in flatten(t.hparams)] or ["  (none)"]
+    hparams = flatten(t.hparams)
+    for k, v in hparams:
+        lines += wrap_lines(f"{k}: ", fmt_value(v))
+    if not hparams:
+        lines.append("  (none)")
     for title, rec in (("training", training), ("validation", validation)):
         lines += ["", *_metrics_block(title, rec)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
@@ -163,8 +172,13 @@ def describe(
 def _metrics_block(title: str, rec: MetricRecord | None) -> list[str]:
     if rec is None:
         return [f"Latest {title} metrics: (none yet)"]
+    from det_local.tables import wrap_lines
+
     head = f"Latest {title} metrics (steps {rec.steps_completed}, {fmt_time(rec.time)}):"
-    return [head, *(f"  {k}: {fmt_value(v)}" for k, v in rec.metrics.items())]
+    lines = [head]
+    for k, v in rec.metrics.items():
+        lines += wrap_lines(f"{k}: ", fmt_value(v))
+    return lines
 
 
 # ---------------------------------------------------------------------------- logs

@@ -133,11 +133,12 @@ class Commands:
         env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
         env["DET_SLOT_IDS"] = str(job.slots)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
+        threads: dict[str, str] = {}  # OMP_NUM_THREADS on CPU slots, as a trial gets it
         for item in thread_env(self.inventory.cpu_threads(len(job.slots)), env):
             name, _, value = item.partition("=")
-            env[name] = value
+            env[name] = threads[name] = value
         if job.kind != COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
-            self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"])  # has it in its env
+            self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"], threads)  # has it in its env
         plan = LaunchPlan(
             argv=list(job.argv),
             env=env,
@@ -159,8 +160,9 @@ class Commands:
         # started (its pid recorded: it is adopted or settled, never started again) or ended
         self.private.drop_job_env(job.id)
 
-    def _write_allocation(self, job: JobRecord, visible: str) -> None:
-        """jobs/<id>/allocation.json: the slots a job holds (an interactive shell reads it)."""
+    def _write_allocation(self, job: JobRecord, visible: str, env: dict[str, str]) -> None:
+        """jobs/<id>/allocation.json: the slots a job holds and the variables that come with
+        them (an interactive shell, which runs in its user's terminal, reads it)."""
         d = self.paths.job_dir(job.id)
         d.mkdir(parents=True, exist_ok=True)
         # the directory may be the job's user's: a new name, never through a link put there
@@ -168,7 +170,8 @@ class Commands:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             os.fchmod(fd, 0o644)
-            os.write(fd, json.dumps({"slots": job.slots, "cuda_visible_devices": visible}).encode())
+            alloc = {"slots": job.slots, "cuda_visible_devices": visible, "env": env}
+            os.write(fd, json.dumps(alloc).encode())
         finally:
             os.close(fd)
         os.replace(tmp, d / "allocation.json")

@@ -263,6 +263,11 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
         and all(t.message != rec.message for t in trials)
     ):
         lines.append(f"  {rec.message}")
+    if len(trials) > 1:  # a search: best first, a few rows, the best trial's checkpoint
+        from det_local.sched.searchsummary import search_lines
+
+        lines += search_lines(store, experiment_id, trials)
+        trials = []
     for t in trials:
         lines.append(
             f"  trial {t.id}: {t.state.value}, steps_completed={t.steps_completed}"

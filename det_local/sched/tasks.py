@@ -24,6 +24,17 @@ from det_local.store.jobs import ENDED
 from det_local.store.paths import Paths
 
 WAIT_TICK_S = 0.05
+ANNOUNCE_AFTER_S = 1.0  # a job that starts sooner than this is not said to wait
+
+
+def _waiting(job_id: int, slots: int) -> str:
+    if slots > 0:
+        return f"job {job_id} waits for {slots} slot(s) (`det-local job list`)"
+    # a job on no slots waits only for an engine to take it
+    return (
+        f"job {job_id} has not started yet; is a daemon running? "
+        "(`det-local daemon status`, `det-local job list`)"
+    )
 
 
 class MissingTool(DetLocalError):
@@ -43,6 +54,7 @@ def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[st
     from det_local.store.db import Store
 
     told = False
+    since = time.monotonic()
     alloc = paths.job_dir(job_id) / "allocation.json"
     while True:
         store = Store(paths.db, readonly=True)
@@ -54,8 +66,8 @@ def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[st
             raise DetLocalError(f"job {job_id} ended before it started: {job.message or ''}")
         if job.state == "SCHEDULED" and alloc.exists():
             return dict(json.loads(alloc.read_text()))
-        if announce and not told:
-            print(f"job {job_id} waits for {job.slots_needed} slot(s) (`det-local job list`)")
+        if announce and not told and time.monotonic() - since >= ANNOUNCE_AFTER_S:
+            print(_waiting(job_id, job.slots_needed), flush=True)
             told = True
         time.sleep(WAIT_TICK_S)
 
@@ -82,6 +94,8 @@ def shell(paths: Paths, *, slots: int, priority: int) -> int:
         env["CUDA_VISIBLE_DEVICES"] = alloc["cuda_visible_devices"]
         env["DET_SLOT_IDS"] = str(alloc["slots"])
         env["DET_LOCAL_JOB_ID"] = str(job_id)
+        for name, value in (alloc.get("env") or {}).items():  # OMP_NUM_THREADS on CPU slots,
+            env.setdefault(str(name), str(value))  # unless this shell's user set it
         print(
             f"shell on slot(s) {alloc['slots']} (job {job_id}); exit the shell to free them",
             flush=True,
