@@ -52,7 +52,12 @@ def run(
 
 
 def create_experiment(
-    config_path: str | Path, context_dir: str | Path, *, follow: bool, test_mode: bool = False
+    config_path: str | Path,
+    context_dir: str | Path,
+    *,
+    follow: bool,
+    test_mode: bool = False,
+    anywhere: bool = False,
 ) -> int:
     """`experiment create`: submit to the running engine and return 0 at once (the id is
     printed), or with follow=True run and follow as `run` does (an embedded engine when none
@@ -67,7 +72,7 @@ def create_experiment(
                 f"no det-local daemon is running for {p.home}: `det-local daemon start` "
                 "first, or `det-local experiment create -f` runs the experiment in this terminal"
             )
-    return run(config_path, context_dir, follow=follow, test_mode=test_mode)
+    return run(config_path, context_dir, follow=follow, test_mode=test_mode, anywhere=anywhere)
 
 
 def test_experiment(

@@ -151,7 +151,7 @@ def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_
     res = n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120")
     assert res.returncode == 0, res.stderr
     cfg, ctx = experiment(tmp_path, resources={"slots_per_trial": 1})
-    res = n1.cli("run", "--detach", "--anywhere", str(cfg), str(ctx), timeout=60)
+    res = n1.cli("experiment", "create", "--anywhere", str(cfg), str(ctx), timeout=60)
     assert res.returncode == 0, res.stderr
     with db(n1) as conn:
         exp_id = int(conn.execute("SELECT MAX(id) FROM experiments").fetchone()[0])

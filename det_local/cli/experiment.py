@@ -47,12 +47,20 @@ def create(
     test: Annotated[
         bool, typer.Option("--test", help="Test mode, as `det-local run --test`.")
     ] = False,
+    anywhere: Annotated[
+        bool,
+        typer.Option(
+            "--anywhere",
+            help="Its trials may run on an idle machine of the cluster when this one is full "
+            "(as resources.federate: true).",
+        ),
+    ] = False,
 ) -> None:
     """Submit an experiment to the running daemon and print its id (Determined's
     `det e create`); with -f, follow it as `det-local run` does (exit status as run's)."""
     from det_local import api
 
-    code = api.create_experiment(config, context, follow=follow, test_mode=test)
+    code = api.create_experiment(config, context, follow=follow, test_mode=test, anywhere=anywhere)
     if code:
         raise typer.Exit(code)
 
