@@ -6,13 +6,14 @@ from typing import Annotated, Any
 
 import typer
 
+from det_local.cli import attach, history
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
 from det_local.cli.trial import trials_table
 
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Experiments: list, describe, pause, activate, kill, label.",
+    help="Experiments: list, describe, logs, wait, events, pause, activate, kill, label.",
 )
 label_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Add or remove an experiment's labels."
@@ -101,7 +102,13 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     lines += [f"  {k + ':':<13}{v}".rstrip() for k, v in fields]
     lines += ["", "Trials (best first):", trials_table(store, trials, rungs)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
+    lines += ["", *history.best_lines(experiment_id)]
     print("\n".join(lines))
+
+
+app.command("logs")(attach.experiment_logs)
+app.command("wait")(attach.experiment_wait)
+app.command("events")(history.experiment_events)
 
 
 def _fmt_progress(progress: float | None) -> str:
