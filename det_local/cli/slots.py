@@ -25,7 +25,7 @@ def slots_command(
         return
     from det_local.api import paths
     from det_local.cli.common import print_json
-    from det_local.sched.slotview import current
+    from det_local.sched.slotview import FROM_ENGINE, current
 
     view = current(paths())
     rows = view.rows()
@@ -33,8 +33,11 @@ def slots_command(
         print_json(rows)
         return
     print(slots_table(rows))
-    if view.inventory.note:
-        print(view.inventory.note)
+    note = view.inventory.note
+    if note and view.origin == FROM_ENGINE:  # its environment, not this shell's
+        note = f"as the running det-local engine found them: {note}"
+    if note:
+        print(note)
 
 
 def slots_table(rows: list[dict[str, Any]]) -> str:

@@ -1,7 +1,7 @@
 """The daemon's log lines for jobs: one when a job's process starts, one when it has ended.
 
     job 7 started: trial 2 of experiment 1, user alice, slots [0], pid 4242
-    job 7 ended: trial 2 of experiment 1, user alice, slots [0], exit code 0; queued again
+    job 7 ended: trial 2 of experiment 1, user alice, slots [0]; it exited with code 0; queued again
 
 They go to the daemon's log only (not the store's events: a queue of short commands would
 flood them); an embedded run (`det-local run`) prints neither.
@@ -9,8 +9,7 @@ flood them); an embedded run (`det-local run`) prints neither.
 
 from __future__ import annotations
 
-import signal
-
+from det_local.sched.outcome import describe_exit
 from det_local.store.jobs import JobRecord
 
 NAME_MAX = 60
@@ -35,22 +34,14 @@ def started(job: JobRecord, pid: int) -> str:
 def ended(job: JobRecord, code: int, after: JobRecord | None) -> str:
     """job: as it was when its process ended (its slots still held); after: as the engine
     left it (done, queued again, or still running while a gang's other ranks stop)."""
-    line = f"job {job.id} ended: {what(job)}, {exit_text(code)}"
+    said = describe_exit(code)  # "exited with code 0", "was killed by SIGTERM"...
+    line = f"job {job.id} ended: {what(job)}; it {said}"
     if after is None:
         return line
     if after.state == "QUEUED":
         line += "; queued again"
     elif after.state == "SCHEDULED":
         line += "; its gang's other ranks are stopping"
-    if after.message:
+    if after.message and not after.message.endswith(said):  # not the same words again
         line += f" ({after.message})"
     return line
-
-
-def exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
