@@ -120,10 +120,15 @@ def trial_logs(
         state = store.get_trial(trial_id).state
         return state.terminal or state is State.PAUSED
 
-    if follow:
-        follow_until(pump, done, poll=0.02, max_poll=0.1)
-    else:
-        log.pump(out.write)
+    try:
+        if follow:
+            follow_until(pump, done, poll=0.02, max_poll=0.1)
+        else:
+            log.pump(out.write)
+    except PermissionError as err:
+        from det_local.sched.attach import logs_private
+
+        raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
     out.write(log.rest())
     out.flush()
 

@@ -209,6 +209,9 @@ def test_another_users_private_logs(shared: Shared) -> None:
     assert msg.startswith("permission denied: cannot read "), msg
     assert f"experiment 1's logs belong to {A}, who keeps them private" in msg, msg
     assert "\n" not in msg
+    with pytest.raises(DetLocalError) as exc:  # `trial logs` says the same
+        shared.as_user(B, lambda: api.trial_logs(1, io.BytesIO()))
+    assert str(exc.value) == msg
     gate.touch()
 
     def wait() -> str:

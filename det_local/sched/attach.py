@@ -44,7 +44,8 @@ def exit_code(state: State) -> int:
     return EXIT_CODES.get(state, 1)
 
 
-def _private(err: PermissionError, exp: ExperimentRecord) -> LogsPrivate:
+def logs_private(err: PermissionError, exp: ExperimentRecord) -> LogsPrivate:
+    """The one line for a trial log the caller may not read."""
     return LogsPrivate(
         f"permission denied: cannot read {err.filename or 'the trial logs'}: experiment "
         f"{exp.id}'s logs belong to {exp.user}, who keeps them private; only they, root or "
@@ -68,7 +69,7 @@ def print_logs(store: Store, paths: Paths, experiment_id: int, out: IO[str]) -> 
                 write(rest)
             out.flush()
     except PermissionError as err:
-        raise _private(err, exp) from None
+        raise logs_private(err, exp) from None
 
 
 def follow_logs(
@@ -96,7 +97,7 @@ def follow_logs(
     try:
         follow(follower.pump, done, poll=FOLLOW_POLL_S[0], max_poll=FOLLOW_POLL_S[1])
     except PermissionError as err:
-        raise _private(err, exp) from None
+        raise logs_private(err, exp) from None
     follower.write_rest()
     return final[0]
 
