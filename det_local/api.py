@@ -147,10 +147,15 @@ def trial_logs(
         state = store.get_trial(trial_id).state
         return state.terminal or state is State.PAUSED
 
-    if follow:
-        follow_until(pump, done, poll=0.02, max_poll=0.1)
-    else:
-        log.pump(out.write)
+    try:
+        if follow:
+            follow_until(pump, done, poll=0.02, max_poll=0.1)
+        else:
+            log.pump(out.write)
+    except PermissionError as err:
+        from det_local.sched.attach import logs_private
+
+        raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
     out.write(log.rest())
     out.flush()
 
@@ -216,3 +221,39 @@ def best_trial(experiment_id: int) -> dict[str, Any]:
         "best_validation": trial.best_validation,
         "checkpoint": ckpt.to_json() if ckpt else None,
     }
+
+
+def trial_metrics(trial_id: int, group: str | None = None) -> list[Any]:
+    """Every metric report of the trial (of `group` only, when given), in the order they were
+    recorded: MetricRecords (trial_id, run_id, group, steps_completed, time, metrics). A group
+    the trial has no report in is an error naming the groups it has."""
+    import difflib
+
+    from det_local.errors import NotFoundError
+
+    store = open_store()
+    store.get_trial(trial_id)  # a clear error for an unknown id
+    reports = store.list_metrics(trial_id, group)
+    if group is not None and not reports:
+        groups = store.metric_groups(trial_id)
+        if not groups:
+            raise NotFoundError(f"trial {trial_id} has reported no metrics yet")
+        close = difflib.get_close_matches(group, groups, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise NotFoundError(
+            f"trial {trial_id} has no '{group}' metrics; {hint}it has reported "
+            + ", ".join(groups)
+            + " metrics (--group NAME)"
+        )
+    return reports
+
+
+def experiment_events(experiment_id: int) -> list[dict[str, Any]]:
+    """What happened to the experiment, oldest first: pauses, preemptions, restarts, checkpoint
+    GC, failures; each {time, level, trial_id, message}."""
+    store = open_store()
+    store.get_experiment(experiment_id)  # a clear error for an unknown id
+    return [
+        {"time": t, "level": level, "trial_id": trial_id, "message": message}
+        for t, level, trial_id, message in store.list_events(experiment_id)
+    ]

@@ -522,7 +522,7 @@ def test_light_imports() -> None:
 
 def test_cli_in_a_fresh_process(child: subprocess.Popen[bytes]) -> None:
     env = {**os.environ, FAKE_GPUS_ENV: "2", FAKE_FOREIGN_ENV: f"0:{child.pid}"}
-    code = "from det_local.cli.slots import show_slots; show_slots(True)"
+    code = "from det_local.cli.slots import slots_command; slots_command(True, False)"
     r = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )

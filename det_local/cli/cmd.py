@@ -78,7 +78,8 @@ def list_commands(
     show_all: bool = typer.Option(False, "--all", "-a", help="Include ended commands."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Commands: queued, running and (with --all) ended, with their exit status."""
+    """Commands: queued, running and (with --all) ended, with their exit status and their
+    start and end times."""
     from det_local import api
     from det_local.cli.common import print_json, table
 
@@ -86,6 +87,8 @@ def list_commands(
     if as_json:
         print_json([j.to_json() for j in jobs])
         return
+    from det_local.cli.checkpoint import fmt_time
+
     rows = [
         [
             j.id,
@@ -93,12 +96,14 @@ def list_commands(
             j.exit_code if j.exit_code is not None else "",
             j.slots_needed,
             j.user,
+            fmt_time(j.started_at),
+            fmt_time(j.ended_at),
             j.name,
         ]
         for j in jobs
     ]
-    headers = ["ID", "State", "Exit", "Slots", "User", "Command"]
-    print(table(headers, rows, flex=("User", "Command")))
+    headers = ["ID", "State", "Exit", "Slots", "User", "Started", "Ended", "Command"]
+    print(table(headers, rows, flex=("User", "Command"), optional=("Ended", "Started")))
 
 
 @app.command("logs")

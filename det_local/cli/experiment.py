@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from det_local.cli import attach, history
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
@@ -15,7 +16,8 @@ from det_local.sched.priority import HELP as PRIORITY_HELP
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Experiments: create, list, describe, pause, activate, kill, label, set priority.",
+    help="Experiments: create, list, describe, logs, wait, events, pause, activate, kill, label, "
+    "set priority.",
 )
 label_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Add or remove an experiment's labels."
@@ -147,7 +149,13 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         lines += wrap_lines(f"{k + ':':<13}", str(v))
     lines += ["", "Trials (best first):", trials_table(store, trials, rungs)]
     lines += ["", "Checkpoints:", checkpoints_table(ckpts)]
+    lines += ["", *history.best_lines(experiment_id)]
     print("\n".join(lines))
+
+
+app.command("logs")(attach.experiment_logs)
+app.command("wait")(attach.experiment_wait)
+app.command("events")(history.experiment_events)
 
 
 def _fmt_progress(progress: float | None) -> str:

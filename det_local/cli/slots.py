@@ -6,13 +6,9 @@ psutil) is loaded when the command runs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from types import MappingProxyType
 from typing import Any
 
 import typer
-
-_NONE: Mapping[int, str] = MappingProxyType({})
 
 
 def slots_command(
@@ -22,35 +18,26 @@ def slots_command(
     ),
 ) -> None:
     """Show this machine's slots: GPUs from NVML (or CPU slots), memory, utilisation, and who
-    uses each one, including processes det-local did not start."""
+    uses each one, including processes det-local did not start. The running daemon's view
+    (its slots, its jobs); discovered here only when no daemon runs."""
     if cluster:
         _cluster_slots(as_json)
         return
-    from det_local.api import open_store
-    from det_local.sched.slots import slot_holders
-    from det_local.store.states import JobState
-
-    jobs = open_store().jobs.active()
-    our_pids = [j.pid for j in jobs if j.state == JobState.SCHEDULED and j.pid is not None]
-    show_slots(as_json, our_pids=our_pids, allocations=slot_holders(jobs))
-
-
-def show_slots(
-    as_json: bool, *, our_pids: Collection[int] = (), allocations: Mapping[int, str] = _NONE
-) -> None:
-    """Discover, detect foreign processes, print. `our_pids` are the processes det-local started
-    (they are not foreign); `allocations` maps slot index -> "experiment E trial T"."""
+    from det_local.api import paths
     from det_local.cli.common import print_json
-    from det_local.sched.slots import describe, detect_foreign, discover
+    from det_local.sched.slotview import FROM_ENGINE, current
 
-    inv = detect_foreign(discover(), our_pids)
-    rows = describe(inv, allocations)
+    view = current(paths())
+    rows = view.rows()
     if as_json:
         print_json(rows)
         return
     print(slots_table(rows))
-    if inv.note:
-        print(inv.note)
+    note = view.inventory.note
+    if note and view.origin == FROM_ENGINE:  # its environment, not this shell's
+        note = f"as the running det-local engine found them: {note}"
+    if note:
+        print(note)
 
 
 def slots_table(rows: list[dict[str, Any]]) -> str:

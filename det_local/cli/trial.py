@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.history import trial_metrics
 
 if TYPE_CHECKING:
     from det_local.store.db import Store
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Trials: list, describe, logs.",
+    help="Trials: list, describe, metrics, logs.",
 )
+app.command("metrics")(trial_metrics)
 
 TRAINING = "training"
 VALIDATION = "validation"

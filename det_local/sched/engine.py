@@ -103,7 +103,11 @@ class Engine:
             self.paths, self.inventory, self.settings.cgroup_setting(), self.note
         )
         self.supervisor = Supervisor(
-            self.launcher, self.store.jobs, note=self.note, on_exit=self._on_job_exit
+            self.launcher,
+            self.store.jobs,
+            note=self.note,
+            on_exit=self._on_job_exit,
+            journal=self.journal if daemon else None,
         )
         self.slots = LocalInventory(
             self.inventory,
@@ -556,10 +560,25 @@ class Engine:
         self.apply(exp, exp.searcher.on_trial_exited_early(exp.request_of[trial_id], "ERRORED"))
 
     # ================================================================== process exits
+    def journal(self, line: str) -> None:
+        """A line in the daemon's log only (job starts and ends: `sched/joblog.py`)."""
+        self._out(f"det-local: {line}")
+
     def _on_job_exit(self, ended: Exit) -> None:
-        """A job's run is wholly gone (the supervisor reaped it): what it means, then a pass."""
-        self.queue.preempting.discard(ended.job_id)
+        """A job's run is wholly gone (the supervisor reaped it): what it means (the daemon
+        logs it), then a pass."""
         job = self.store.jobs.peek(ended.job_id)
+        decided = self._job_exited(job, ended)
+        if self.daemon:
+            from det_local.sched.joblog import ended as ended_line
+
+            self.journal(ended_line(job, ended.code, self.store.jobs.peek(job.id)))
+        if decided:
+            self.queue.schedule()
+
+    def _job_exited(self, job: JobRecord, ended: Exit) -> bool:
+        """What the exit means; False while a gang's other nodes decide it."""
+        self.queue.preempting.discard(ended.job_id)
         if job.kind == MEMBER:
             self.gangs.member_job_exited(job, ended.code)
         elif job.kind == TRIAL:
@@ -571,12 +590,12 @@ class Engine:
                 and placer is not None
                 and placer.owner_exited(run, ended.code)
             ):
-                return  # decided once the other nodes' ranks have stopped too
+                return False  # decided once the other nodes' ranks have stopped too
             if run is not None:
                 self.on_trial_exit(run, ended.code)
         else:
             self.commands.on_exit(job, ended.code, ended.problem)
-        self.queue.schedule()
+        return True
 
     def on_trial_exit(self, run: TrialRun, code: int) -> None:
         trialexit.trial_exited(self, run, code)

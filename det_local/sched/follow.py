@@ -24,7 +24,7 @@ from det_local.store.states import State
 
 class Follower:
     """Tails every trial log of one experiment; prefixes lines with the trial id when there are
-    several trials."""
+    several trials (always, with ``prefix_all``)."""
 
     def __init__(
         self,
@@ -33,9 +33,12 @@ class Follower:
         experiment_id: int,
         out: IO[str] | None,
         offsets: dict[int, int] | None = None,
+        *,
+        prefix_all: bool = False,
     ) -> None:
         """offsets: trial id -> where to start in its log (`log_ends`: what was shown
         before, e.g. by the run an `experiment activate` resumes); the start otherwise."""
+        self.prefix_all = prefix_all
         self.store = store
         self.paths = paths
         self.experiment_id = experiment_id
@@ -75,7 +78,7 @@ class Follower:
         out = self.out
         if out is None:  # --quiet: nothing to read either
             return False
-        many = len(trials) > 1
+        many = self.prefix_all or len(trials) > 1
         got = False
         for t in trials:
             tail = self.tails.get(t.id)
@@ -108,11 +111,18 @@ class Follower:
         await follow_async(
             self.pump, lambda: self._stop or (until_stopped and self._finished()), poll=poll
         )
-        if self.out is not None:
-            for tail in self.tails.values():
-                if rest := tail.rest():
-                    self.out.write(rest.decode("utf-8", "replace") + "\n")
-            self.out.flush()
+        self.write_rest()
+
+    def write_rest(self) -> None:
+        """The partial last lines the trials left (at the end of a follow)."""
+        if self.out is None:
+            return
+        many = self.prefix_all or len(self.tails) > 1
+        for trial_id, tail in self.tails.items():
+            if rest := tail.rest():
+                text = rest.decode("utf-8", "replace")
+                self.out.write((f"[trial {trial_id}] " if many else "") + text + "\n")
+        self.out.flush()
 
 
 def log_ends(store: Store, paths: Paths, experiment_id: int) -> dict[int, int]:

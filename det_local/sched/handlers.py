@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from det_local.errors import DetLocalError
 from det_local.sched.settings import DaemonSettings
+from det_local.sched.slots import Inventory
 from det_local.sched.spool import Request
 from det_local.store.db import Store
 
@@ -31,6 +32,7 @@ class Controls(Protocol):
 
     store: Store
     settings: DaemonSettings
+    inventory: Inventory  # the slots discovered at the engine's start
 
     def submit(
         self,
@@ -245,6 +247,13 @@ def cmd_kill(c: Controls, req: Request) -> str:
 
 
 # ---------------------------------------------------------------------- the daemon
+def slots(c: Controls, req: Request) -> dict[str, Any]:
+    """The engine's slots and who holds them (`det-local slots`; anyone may ask)."""
+    from det_local.sched.slotview import engine_answer
+
+    return engine_answer(c.inventory, c.store.jobs.active())
+
+
 def daemon_stop(c: Controls, req: Request) -> str:
     if req.uid not in (0, os.geteuid()):
         raise PermissionDenied("permission denied: only root or the daemon's user may stop it")
@@ -265,5 +274,6 @@ HANDLERS: dict[str, Handler] = {
     "cmd_run": cmd_run,
     "cmd_kill": cmd_kill,
     "daemon_stop": daemon_stop,
+    "slots": slots,
     "unmanaged": unmanaged,
 }

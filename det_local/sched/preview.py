@@ -22,9 +22,8 @@ SHOWN = {
 
 def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     from det_local.config import load_config
-    from det_local.sched import slots, users
+    from det_local.sched import slotview, users
     from det_local.sched.experiments import checkpoint_dir_for
-    from det_local.sched.settings import load_settings
     from det_local.sched.trialplan import TrialFacts, build_trial_plan
     from det_local.sched.userfiles import current_umask
     from det_local.search import make_searcher, plan
@@ -48,8 +47,9 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
-    # this machine's slots, as the engine sees them: the first trial on an idle machine
-    inventory = slots.discover(cpu_slots=load_settings(paths.settings).cpu_slots)
+    # this machine's slots, as the engine sees them (the running one's, else as one started
+    # now would find them): the first trial on an idle machine
+    inventory = slotview.current(paths).inventory
     need = int(cfg.resources.slots_per_trial)
     uid = os.getuid()
     launch = build_trial_plan(

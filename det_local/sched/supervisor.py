@@ -45,11 +45,14 @@ class Supervisor:
         *,
         note: Callable[..., None],
         on_exit: Callable[[Exit], None],
+        journal: Callable[[str], None] | None = None,
     ) -> None:
+        """journal: the daemon's log, for a line per job start (`sched/joblog.py`)."""
         self.launcher = launcher
         self.jobs = jobs
         self.note = note
         self.on_exit = on_exit
+        self.journal = journal
         self.procs: dict[int, RunHandle] = {}  # job id -> live run
         self.kill_grace = KILL_GRACE
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -70,6 +73,10 @@ class Supervisor:
         proc = self.launcher.spawn(job, plan)
         self.jobs.set_process(job.id, proc.pid, proc.started or time.time())
         self._watch(proc)
+        if self.journal is not None:
+            from det_local.sched.joblog import started
+
+            self.journal(started(job, proc.pid))
         return proc
 
     def _watch(self, proc: RunHandle) -> None:

@@ -122,6 +122,7 @@ class Store:
         self.metrics = m = MetricTable(self.db)
         self.add_metrics = m.add
         self.list_metrics = m.select
+        self.metric_groups = m.groups
         self.list_validations = m.list_validations
         self.latest_metrics = m.latest
 

@@ -76,6 +76,13 @@ class MetricTable:
             for r in self.conn.execute(sql, args)
         ]
 
+    def groups(self, trial_id: int) -> list[str]:
+        """The groups the trial has reports in (training, validation, custom ones), sorted."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT grp FROM metrics WHERE trial_id=? ORDER BY grp", (trial_id,)
+        )
+        return [str(r[0]) for r in rows]
+
     def list_validations(self, experiment_id: int) -> list[tuple[int, int, int, dict[str, Any]]]:
         """(row id, trial id, steps_completed, metrics) of every validation report of the
         experiment's trials, in the order they were recorded."""
