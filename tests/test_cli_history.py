@@ -140,6 +140,7 @@ def test_experiment_events(dl: Env) -> None:
     assert [e["time"] for e in events] == [t for t, *_ in store.list_events(1)]
     store.close()
 
+    dl.setenv(COLUMNS="200")  # whole messages (at 100 columns a long one is cut with …)
     r = dl.det("experiment", "events", 1)
     assert r.rc == 0, r
     lines = r.out.splitlines()

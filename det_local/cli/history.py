@@ -144,6 +144,7 @@ def best_lines(experiment_id: int) -> list[str]:
         if ckpt
         else "no checkpoint"
     )
-    return [
-        f"Best trial: {t['id']}, {best['metric']} {fmt_value(best['best_validation'])}, {where}"
-    ]
+    from det_local.tables import wrap_lines
+
+    value = f"{t['id']}, {best['metric']} {fmt_value(best['best_validation'])}, {where}"
+    return wrap_lines("Best trial: ", value, indent=0)
