@@ -95,10 +95,13 @@ def experiment(
         "checkpoint_storage": {"type": "shared_fs", "host_path": str(shared)},
         "max_restarts": 0,
     }
+    # the legacy harness reads these from the config, the Trainer script from its hparams
     if ckpt_every:
         cfg["min_checkpoint_period"] = {"batches": ckpt_every}
+        cfg["hyperparameters"]["ckpt_every"] = ckpt_every
     if report_every:  # with several ranks, preemption is checked at these boundaries only
         cfg["scheduling_unit"] = report_every
+        cfg["hyperparameters"]["report_every"] = report_every
     path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(cfg))
     return path, ctx
@@ -217,15 +220,19 @@ def test_pytorch_trial_across_two_machines_learns_what_one_machine_learns(
     assert rows == [("MEMBER", "DONE", 0)] * 2, rows
 
 
+@pytest.mark.parametrize("entrypoint", [LEGACY, TRAINER], ids=["legacy", "trainer"])
 def test_pytorch_trial_pauses_and_resumes_across_two_machines(
-    machines: tuple[Node, Node], tmp_path: Path, pytorch_reference: dict[str, torch.Tensor]
+    machines: tuple[Node, Node],
+    tmp_path: Path,
+    pytorch_reference: dict[str, torch.Tensor],
+    entrypoint: str,
 ) -> None:
     n1, n2 = machines
     record, marker = tmp_path / "paused.jsonl", tmp_path / "holding"
     cfg, ctx = experiment(
         tmp_path,
         "paused",
-        LEGACY,
+        entrypoint,
         ckpt_every=4,
         report_every=2,
         record=str(record),
