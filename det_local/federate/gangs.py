@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
-from det_local.sched.gangs import MEMBER, GangFit, owner_key, share_key
+from det_local.sched.gangs import MEMBER, REATTACH_S, GangFit, owner_key, share_key
 from det_local.sched.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
@@ -50,6 +50,7 @@ END_WAIT_S = 10.0  # the owner's ranks exited: how long members get to finish th
 LOG_EVERY_S = 0.25  # how often a member sends its ranks' new log lines to the owner
 LOG_CHUNK = 256 * 1024
 ANYWHERE_WAIT_S = 10.0  # a trial sent whole to a peer, not started there by then: back here
+BACKLOG_MAX = 100_000  # frames a member holds for its owner while the owner's daemon restarts
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Share:
     committed: bool = False
     exited: bool = False
     code: int | None = None
+    confirmed: bool = True  # False after this daemon restarted, until its node says it runs
 
 
 @dataclass
@@ -84,6 +86,8 @@ class OwnerGang:
     lost: str | None = None  # a machine lost
     timer: asyncio.TimerHandle | None = None
     anywhere: bool = False  # a job that fits here, sent whole to an idle peer
+    # since when its members have been this daemon's to watch (a restart starts it again)
+    since: float = field(default_factory=time.monotonic)
     command: bool = False  # that job is a command (`cmd run --anywhere`), not a trial
 
 
@@ -98,6 +102,9 @@ class MemberGang:
     hold_timer: asyncio.TimerHandle | None = None
     log_task: asyncio.Task[None] | None = None
     log_offset: int = 0
+    since: float = field(default_factory=time.monotonic)  # as OwnerGang.since
+    # frames for the owner while its link is down (its daemon restarting): sent once it is up
+    backlog: list[tuple[dict[str, Any], asyncio.Future[Any] | None]] = field(default_factory=list)
 
 
 class Gangs:
@@ -378,6 +385,7 @@ class Gangs:
             peer = self.fed.peers[share.node]
             addrs.append(peer.host)
         counts = [og.per_node] * len(addrs)
+        self._remember(og)
         latest, steps = (None, 0) if og.command else self.view.resume_point(og.trial_id)
         secret = self._dist_secret(og.gang, og.run)
         try:
@@ -737,6 +745,7 @@ class Gangs:
     def _drop_member(self, mg: MemberGang, why: str) -> None:
         if mg.hold_timer is not None:
             mg.hold_timer.cancel()
+        self._fail_backlog(mg, why)
         job = self.view.job(mg.job_id)
         if job is not None and job.state in (QUEUED, RESERVED):
             self.members.pop(mg.gang, None)
@@ -748,6 +757,7 @@ class Gangs:
         if mg is None or mg.job_id != job.id:
             return
         self.members.pop(mg.gang, None)
+        self._fail_backlog(mg, "its ranks exited")
         self.fed.spawn(self._last_logs_then_exit(mg, code))
 
     async def _last_logs_then_exit(self, mg: MemberGang, code: int | None) -> None:
@@ -771,6 +781,12 @@ class Gangs:
         if mg is None:
             raise DetLocalError("this rank's gang is no longer placed here")
         out: dict[str, Any] = {"t": "relay", "gang": mg.gang, "run": mg.run, "frame": msg}
+        if mg.backlog or not self._linked(mg.owner):  # held until the owner is back (in order)
+            if len(mg.backlog) >= BACKLOG_MAX:
+                raise DetLocalError(f"the trial's owner {mg.owner} is unreachable")
+            held = asyncio.get_running_loop().create_future() if "id" in msg else None
+            mg.backlog.append((out, held))
+            return held
         if "id" not in msg:
             if not self._send(mg.owner, out):
                 raise DetLocalError(f"the trial's owner {mg.owner} is unreachable")
@@ -807,6 +823,8 @@ class Gangs:
             return
         if self._send(mg.owner, {"t": "log", "gang": mg.gang, "run": mg.run, "data": data}):
             mg.log_offset += len(data)
+            with contextlib.suppress(OSError):  # where a restarted daemon goes on from
+                path.with_name("log.offset").write_text(str(mg.log_offset))
 
     # ================================================================== order, faults
     def wound_younger(self) -> None:
@@ -831,26 +849,174 @@ class Gangs:
         now = time.monotonic()
         for og in list(self.owned.values()):
             for s in og.shares.values():
-                peer = self.fed.peers.get(s.node)
-                if s.exited or (peer is not None and peer_state(peer, now) != "dead"):
+                if s.exited:
                     continue
-                why = f"machine {s.node} was lost"
-                s.exited, s.code = True, None
-                if og.state == "reserving":
+                if og.state == "reserving":  # nothing runs yet: a dead peer is gone at once
+                    peer = self.fed.peers.get(s.node)
+                    if peer is not None and peer_state(peer, now) != "dead":
+                        continue
+                    why = f"machine {s.node} was lost"
+                    s.exited, s.code = True, None
                     self._abort_members(og, why)
                     self._forget_owned(og)
                     self._unplaced(og, why)
                     break
-                og.lost = why
-                self._abort_members(og, why)
-                self.view.gangs.end_owner_run(og.trial_id, og.run, why, lost=True)
-                if og.state == "ending" and self._all_members_done(og):
-                    self._finish(og)
-                elif not og.local:
-                    self._check_done(og)
+                # running ranks: a daemon restart inside REATTACH_S keeps them
+                if self._gone(s.node, og.since, now):
+                    self._lose(og, s, f"machine {s.node} was lost")
         for mg in list(self.members.values()):
-            peer = self.fed.peers.get(mg.owner)
-            if peer is None or peer_state(peer, now) == "dead":
+            job = self.view.job(mg.job_id)
+            running = job is not None and job.state == SCHEDULED
+            if self._gone(mg.owner, mg.since, now, window=REATTACH_S if running else 0.0):
                 self._drop_member(mg, f"the trial's owner {mg.owner} was lost")
         if any(j.state == QUEUED and j.gang is not None for j in self.view.active_jobs()):
             self.wound_younger()
+
+    # ================================================================== daemon restarts
+    def _linked(self, node: str) -> bool:
+        peer = self.fed.peers.get(node)
+        return peer is not None and peer.link is not None and not peer.link.closed
+
+    def _gone(self, node: str, since: float, now: float, window: float = REATTACH_S) -> bool:
+        """Whether `node` counts as lost for a gang watched since `since`: not heard for
+        `window` (a daemon restarting inside it keeps the gang's running ranks)."""
+        peer = self.fed.peers.get(node)
+        if peer is not None and self._linked(node) and peer_state(peer, now) == "alive":
+            return False
+        if window <= 0.0:
+            return peer is None or peer_state(peer, now) == "dead"
+        heard = max(since, peer.last_heard if peer is not None else 0.0)
+        return now - heard >= window
+
+    def _lose(self, og: OwnerGang, s: Share, why: str) -> None:
+        """A machine holding a running share of the gang is lost: stop every rank, requeue."""
+        s.exited, s.code = True, None
+        og.lost = why
+        self._abort_members(og, why)
+        self.view.gangs.end_owner_run(og.trial_id, og.run, why, lost=True)
+        if og.state == "ending" and self._all_members_done(og):
+            self._finish(og)
+        elif not og.local:
+            self._check_done(og)
+
+    def _remember(self, og: OwnerGang) -> None:
+        """What a restarted daemon needs to take the committed gang back (`recover`)."""
+        job = self.view.job(og.job_id)
+        if job is None:
+            return
+        spec = {
+            **(job.gang or {}),
+            "run": og.run,
+            "key": og.key,
+            "per_node": og.per_node,
+            "local": og.local,
+            "shares": {s.node: s.rank for s in og.shares.values()},
+        }
+        self.view.set_share(og.job_id, job.slots_needed, spec)
+
+    def recover(self) -> None:
+        """After this daemon restarted: the gangs whose shares were found running (adopted by
+        the engine, sched/gangs.py) are taken back. Each other node confirms its share once
+        its link is up (`share`); one not heard within REATTACH_S of the restart is lost."""
+        for job in self.view.active_jobs():
+            spec = job.gang or {}
+            if job.state != SCHEDULED or not self.view.gangs.claim(job.id):
+                continue
+            if job.kind == MEMBER:
+                mg = MemberGang(str(spec["gang"]), str(spec["owner"]), job.id, int(spec["run"]))
+                offset = self.view.gangs.member_log(job.id).with_name("log.offset")
+                with contextlib.suppress(OSError, ValueError):
+                    mg.log_offset = int(offset.read_text())
+                self.members[mg.gang] = mg
+                mg.log_task = asyncio.get_running_loop().create_task(self._ship_logs(mg))
+                continue
+            if "shares" not in spec:
+                continue  # placed by a daemon that did not record it: it ends (unclaimed)
+            self.view.gangs.adopted.add(job.id)  # not taken back after all: it ends
+            og = OwnerGang(
+                f"{self.node}:{job.id}",
+                job.id,
+                job.trial_id or 0,
+                job.experiment_id or 0,
+                int(spec["run"]),
+                list(spec["key"]),
+                int(spec["per_node"]),
+                int(spec["local"]),
+                anywhere=bool(spec.get("anywhere")),
+                command=job.trial_id is None,
+            )
+            og.state = "committed"
+            for node, rank in dict(spec["shares"]).items():
+                og.shares[str(node)] = Share(str(node), int(rank), True, True, confirmed=False)
+            og.trial_run = None if og.command else self.view.trial_run(og.trial_id)
+            self.owned[og.gang] = og
+            self.view.gangs.adopted.discard(job.id)
+            self.view.log(f"federation: gang {og.gang} run {og.run} taken back after a restart")
+
+    def peer_attached(self, node: str) -> None:
+        """A link to `node` is up (again): the committed shares it holds of gangs owned here
+        are confirmed (it, or this daemon, may have restarted); frames held for it go."""
+        for og in list(self.owned.values()):
+            s = og.shares.get(node)
+            if s is not None and og.state != "reserving" and not s.exited:
+                self.fed.spawn(self._confirm(og, s))
+        for mg in list(self.members.values()):
+            if mg.owner == node and mg.backlog:
+                self._flush(mg)
+
+    async def _confirm(self, og: OwnerGang, s: Share) -> None:
+        try:
+            value = await self._request(s.node, {"t": "share", "gang": og.gang, "run": og.run})
+        except DetLocalError as err:
+            value = {"state": "unknown", "why": str(err)}
+        except (ConnectionError, asyncio.TimeoutError, OSError):
+            return  # the link went again: tick() decides
+        if self.owned.get(og.gang) is not og or s.exited:
+            return
+        state = value.get("state") if isinstance(value, dict) else None
+        if state == "running":
+            s.confirmed = True
+        elif state == "ended":
+            code = value.get("code")
+            code = int(code) if isinstance(code, int) and -255 <= code <= 255 else 1
+            self.on_member_exit(s.node, {"gang": og.gang, "run": og.run, "code": code})
+        else:
+            why = str(value.get("why", "")) if isinstance(value, dict) else ""
+            self._lose(og, s, f"machine {s.node} no longer runs its share ({why[:200]})")
+
+    def on_share(self, node: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """The owner asks whether this node still runs its share of a gang."""
+        mg = self.members.get(msg["gang"])
+        if mg is not None and mg.owner == node and mg.run == msg["run"]:
+            return {"state": "running"}
+        for job in self.view.member_jobs(msg["gang"], msg["run"]):
+            if (job.gang or {}).get("owner") == node and job.state not in (QUEUED, RESERVED):
+                if job.state == SCHEDULED:
+                    return {"state": "running"}
+                return {"state": "ended", "code": -9 if job.exit_code is None else job.exit_code}
+        raise DetLocalError(f"unknown gang {str(msg['gang'])[:80]} run {msg['run']}")
+
+    def _flush(self, mg: MemberGang) -> None:
+        held, mg.backlog = mg.backlog, []
+        for out, fut in held:
+            if fut is None:
+                self._send(mg.owner, out)
+                continue
+
+            async def ask(out: dict[str, Any], fut: asyncio.Future[Any]) -> None:
+                try:
+                    value = await self._request(mg.owner, out)
+                except Exception as err:
+                    if not fut.done():
+                        fut.set_exception(DetLocalError(str(err) or type(err).__name__))
+                    return
+                if not fut.done():
+                    fut.set_result(value)
+
+            self.fed.spawn(ask(out, fut))
+
+    def _fail_backlog(self, mg: MemberGang, why: str) -> None:
+        held, mg.backlog = mg.backlog, []
+        for _out, fut in held:
+            if fut is not None and not fut.done():
+                fut.set_exception(DetLocalError(f"not sent to the trial's owner: {why}"))

@@ -206,6 +206,7 @@ GANG_SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
         "steps_completed": (_int(0, 2**53), False),
     },
     "abort": {"id": _OPT_ID, "gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
+    "share": {"id": (_ID, True), "gang": (_gang, True), "run": (_RUN, True)},
     "wounded": {"gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
     "yield": {"gang": (_gang, True), "run": (_RUN, True), "why": (_str(1000), True)},
     "member_exit": {

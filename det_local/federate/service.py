@@ -143,6 +143,7 @@ class Federation:
             self.lend_priority_offset = settings.lend_priority_offset
             self.view.gangs.max_peer_requeues = settings.max_peer_requeues
             self.view.install_placer(self.gangs, self.me.node)
+            self.gangs.recover()  # gangs whose ranks outlived a restart of this daemon
             self.peers.clear()
             self.targets.clear()
             for host, port in settings.peers:
@@ -389,6 +390,7 @@ class Federation:
         link.task = asyncio.get_running_loop().create_task(self._read_loop(peer, link))
         self._spawn(self._greet(link))
         self.gangs.peers_changed()
+        self.gangs.peer_attached(hello.node)
 
     async def _greet(self, link: Link) -> None:
         with contextlib.suppress(Exception):
@@ -499,6 +501,8 @@ class Federation:
                 value = g.on_commit(node, msg)
             elif kind == "abort":
                 g.on_abort(node, msg)
+            elif kind == "share":
+                value = g.on_share(node, msg)
             elif kind == "wounded":
                 g.on_wounded(node, msg)
             elif kind == "yield":

@@ -144,6 +144,18 @@ class EngineView:
     def active_jobs(self) -> list[JobRecord]:
         return self._engine.store.jobs.active()
 
+    def member_jobs(self, gang: str, run: int) -> list[JobRecord]:
+        """This node's MEMBER jobs of one run of a gang, newest first (ended ones too)."""
+        jobs = self._engine.store.jobs.list(include_done=True)
+        found = [
+            j
+            for j in jobs
+            if j.kind == "MEMBER"
+            and (j.gang or {}).get("gang") == gang
+            and (j.gang or {}).get("run") == run
+        ]
+        return sorted(found, key=lambda j: -j.id)
+
     def hold_back(self, job_id: int, why: str) -> None:
         """Keep a queued gang share out of the passes (it waits for machines)."""
         self._engine.queue.hold_back[job_id] = why

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 MEMBER = "MEMBER"
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
+# a daemon restart inside this window keeps a gang's running ranks (on every node); the
+# cluster's placer takes adopted shares back, else they are ended this long after the restart
+REATTACH_S = 10.0
+UNCLAIMED_S = REATTACH_S + 5.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class GangShares:
         self.peer_requeues: dict[int, int] = {}  # owner trial id -> requeues for lost machines
         self.max_peer_requeues = 5  # federation.max_peer_requeues
         self.stay_until: dict[int, float] = {}  # job id -> not offered to peers before (monotonic)
+        # shares found running after a restart, until the placer takes them back (job ids)
+        self.adopted: set[int] = set()
 
     # ------------------------------------------------------------------ owner side
     def fit(self, slots: int) -> GangFit | None:
@@ -376,6 +382,9 @@ class GangShares:
         if job.state != RESERVED:
             raise DetLocalError(f"member job {job_id} is {job.state}, not reserved")
         jobs.commit(job_id)
+        # what a restarted daemon needs to take its running ranks back (relay_run_of)
+        committed = {"run": int(commit["run"]), "ports": dict(commit["ports"])}
+        jobs.set_gang(job_id, {**spec, "committed": committed}, job.slots_needed)
         try:
             if "command" in spec:
                 return self._spawn_command(job_id, spec["command"])
@@ -401,17 +410,9 @@ class GangShares:
         run_dir = engine.paths.home / "fed" / "runs" / str(job_id)
         info_dir = run_dir / str(job.run_id)
         config = spec["config"]
-        token = engine.private.run_token(job.id, job.run_id)
-        run = TrialRun(
-            int(spec["trial_id"]),
-            int(spec["experiment_id"]),
-            "relay",
-            int(commit["run"]),
-            token,
-            job.id,
-            0,
-            ports=dict(commit["ports"]),
-        )
+        run = self.relay_run_of(engine.store.jobs.peek(job_id))
+        assert run is not None
+        token = run.token
         from det_local.sched import trialstart, userfiles
         from det_local.sched.users import identity as identity_of
 
@@ -513,6 +514,77 @@ class GangShares:
         except TrialError as err:
             raise DetLocalError(str(err)) from None
         return int(proc.pid)
+
+    def relay_run_of(self, job: JobRecord) -> TrialRun | None:
+        """The relay run of a committed member share of a trial (None: a command)."""
+        spec = job.gang or {}
+        committed = spec.get("committed") or {}
+        if "command" in spec or not committed:
+            return None
+        return TrialRun(
+            int(spec["trial_id"]),
+            int(spec["experiment_id"]),
+            "relay",
+            int(committed["run"]),
+            self.engine.private.run_token(job.id, job.run_id),
+            job.id,
+            job.pid or 0,
+            ports={str(k): int(v) for k, v in dict(committed.get("ports") or {}).items()},
+        )
+
+    # ------------------------------------------------------------------ daemon restarts
+    def adopt_member(self, job: JobRecord) -> None:
+        """A member share whose ranks outlived the daemon: their sessions may reconnect (its
+        relay run again); the placer takes it back once its owner is heard, else it ends."""
+        run = self.relay_run_of(job)
+        if run is not None:
+            self.relays[job.id] = run
+        self._adopted(job, f"member job {job.id} (pid {job.pid}) outlived its daemon")
+
+    def adopt_owner(self, job: JobRecord) -> None:
+        """This node's job of a gang across machines, found running after a restart (its local
+        ranks adopted, or none here): the placer takes the gang back."""
+        if job.kind == "TRIAL" and job.slots_needed == 0:
+            self._coordinate(job)  # its run record again (it has no process)
+        self._adopted(job, f"gang job {job.id} was running across machines")
+
+    def _adopted(self, job: JobRecord, what: str) -> None:
+        self.adopted.add(job.id)
+        self.engine.note(f"{what}: the cluster has {REATTACH_S:.0f}s to take it back")
+        loop = self.engine.loop
+        if loop is not None:
+            loop.call_later(UNCLAIMED_S, self._unclaimed, job.id)
+
+    def claim(self, job_id: int) -> bool:
+        """The placer takes an adopted share back; False when it was not adopted."""
+        if job_id not in self.adopted:
+            return False
+        self.adopted.discard(job_id)
+        return True
+
+    def _unclaimed(self, job_id: int) -> None:
+        """Nobody took an adopted share back (the cluster is off, or its nodes are gone)."""
+        if job_id not in self.adopted:
+            return
+        self.adopted.discard(job_id)
+        engine = self.engine
+        job = engine.store.jobs.peek(job_id)
+        if job.state != SCHEDULED:
+            return
+        why = "the cluster did not take it back after the daemon restarted"
+        if job.kind == MEMBER:
+            self.drop_member(job_id, why)
+        elif job.kind == "COMMAND":
+            self.remote_command_ended(job_id, 1, "another machine", why)
+        else:
+            run = engine.runs.get(job.trial_id or -1)
+            if run is None:
+                return
+            self.peer_lost[run.trial_id] = why
+            if run.pid:
+                engine.terminate(run)
+            else:
+                engine.gang_exited(run, 1)
 
     def member_log(self, job_id: int) -> Path:
         return self.engine.paths.home / "fed" / "runs" / str(job_id) / "trial.log"

@@ -13,7 +13,11 @@ twice:
   a trial whose status was lost is queued again to resume from its latest checkpoint;
 * **queued**: stays queued, in its order (the job table is durable); an ACTIVE trial with no
   job (a crash between the two commits) is queued;
-* **unmanaged** (core_v2) runs lost their process's connection: they end ERROR.
+* **unmanaged** (core_v2) runs lost their process's connection: they end ERROR;
+* **a gang across machines** (a share of this node's trial, or of a peer's): its running
+  ranks are adopted too, and the cluster's placer takes the gang back once the other nodes
+  are heard (within `sched/gangs.REATTACH_S`); a share nobody takes back is ended (a trial
+  is then requeued from its latest checkpoint, as after a lost machine).
 """
 
 from __future__ import annotations
@@ -78,6 +82,14 @@ def recover(engine: Restarting) -> None:
             continue
         if job.state != SCHEDULED:
             continue
+        if job.gang is not None and job.kind != MEMBER and job.slots_needed == 0:
+            # this node runs none of the gang's processes (they run on peers): nothing to
+            # adopt here; the cluster takes the gang back (or it ends, sched/gangs.py)
+            if job.kind == TRIAL:
+                assert job.experiment_id is not None
+                engine.experiment(job.experiment_id)
+            engine.gangs.adopt_owner(job)
+            continue
         job, found = engine.supervisor.adopt(job)
         if not isinstance(found, Lost):
             _adopted(engine, job)
@@ -104,20 +116,14 @@ def recover(engine: Restarting) -> None:
 
 
 def _adopted(engine: Restarting, job: JobRecord) -> None:
-    if job.kind == MEMBER:  # its link to the gang's owner is gone with the old daemon
-        engine.note(f"member job {job.id} (pid {job.pid}) outlived its daemon: stopping its ranks")
-        if job.pid is not None:
-            engine.supervisor.terminate(job.id, job.pid)
-        return
-    if job.gang is not None and job.kind == TRIAL:  # its members stopped when this daemon died
-        assert job.experiment_id is not None
-        lost_run = engine.adopt_trial(engine.experiment(job.experiment_id), job)
-        engine.gangs.peer_lost[lost_run.trial_id] = "the owner's daemon restarted mid-trial"
-        engine.terminate(lost_run)
+    if job.kind == MEMBER:  # its owner takes it back once their link is up again
+        engine.gangs.adopt_member(job)
         return
     if job.kind == TRIAL:
         assert job.experiment_id is not None and job.trial_id is not None
         engine.adopt_trial(engine.experiment(job.experiment_id), job)
+        if job.gang is not None:  # its ranks run on other nodes too
+            engine.gangs.adopt_owner(job)
     engine.note(f"adopted {job.kind.lower()} job {job.id} (pid {job.pid}) still running")
     if job.kind == TRIAL and job.experiment_id is not None:
         exp = engine.experiments[job.experiment_id]
