@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import gone, wait_for
 from fednet import Net, Node, namespaces, sweep
@@ -142,7 +143,15 @@ def resumed_after(node: Node, exp_id: int) -> list[int]:
 
 
 def survivors_stop(pids: list[int], t0: float, what: str) -> float:
-    wait_for(lambda: all(gone(p) for p in pids), timeout=25, what=what)
+    try:
+        wait_for(lambda: all(gone(p) for p in pids), timeout=25, what=what)
+    except AssertionError:
+        left = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                left.append(f"{pid} ppid={proc.ppid()} {proc.status()} {proc.cmdline()}")
+        pytest.fail(f"{what}: still there after 25 s: {left}")
     took = time.monotonic() - t0
     assert took <= 15.0, f"{what}: {took:.1f}s"
     return took
