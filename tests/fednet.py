@@ -11,6 +11,7 @@ gets no interface: nothing a node sends can reach the host's NICs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -139,6 +140,17 @@ class Node:
         if sig == signal.SIGKILL:
             self.proc.wait(10)
 
+    def pids(self) -> list[int]:
+        """Every process in the node's namespace: its daemon and its ranks."""
+        res = ip("netns", "pids", self.ns, check=False)
+        return [int(p) for p in res.stdout.split()]
+
+    def signal_all(self, sig: int) -> None:
+        """Signal the whole machine: SIGSTOP freezes it, SIGCONT thaws it, SIGKILL kills it."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
@@ -233,9 +245,13 @@ class Net:
         try:
             for node in self.nodes:
                 try:
+                    node.signal_all(signal.SIGCONT)  # a node a test froze
                     node.stop()
                 except Exception:
                     pass
+            for node in self.nodes:  # ranks a stopped daemon left behind
+                with contextlib.suppress(Exception):
+                    node.signal_all(signal.SIGKILL)
         finally:
             for ns in reversed(self.created):
                 ip("netns", "del", ns, check=False)

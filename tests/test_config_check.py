@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from det_local.sched.plan import STOP_TRAPS
+
 CONFIG = """\
 name: cc
 entrypoint: python3 train.py
@@ -42,7 +44,7 @@ def test_config_check_prints_filled_config_and_plan(tmp_path: Path) -> None:
     assert out["config"]["max_restarts"] == 5
     assert out["config"]["searcher"]["smaller_is_better"] is True
     plan = out["plan"]
-    assert plan["argv"] == ["sh", "-c", "python3 train.py"]
+    assert plan["argv"] == ["sh", "-c", f"{STOP_TRAPS}\npython3 train.py"]
     assert plan["trials"] == 1 and plan["slots_per_trial"] == 1
     assert plan["env"]["FOO"] == "bar"
     assert json.loads(plan["env"]["DET_HPARAMS"])["layers"] == 3

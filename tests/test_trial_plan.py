@@ -18,7 +18,7 @@ import pytest
 
 import det_local
 from det_local.sched import slots
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.plan import STOP_TRAPS, LaunchPlan
 from det_local.sched.trialplan import TrialFacts, build_trial_plan
 from det_local.store.paths import Paths
 
@@ -160,4 +160,4 @@ def test_config_check_shows_the_plan_the_engine_builds(
     assert shown["env"]["CUDA_VISIBLE_DEVICES"] == f"{slots.fake_uuid(0)},{slots.fake_uuid(1)}"
     assert shown["env"]["C10D_PORT"] == "<a free port>"
     assert shown["env"]["DET_LOCAL_TOKEN"] == "<per-run token>"
-    assert shown["argv"] == ["sh", "-c", "python3 train.py --epochs 2"]
+    assert shown["argv"] == ["sh", "-c", f"{STOP_TRAPS}\npython3 train.py --epochs 2"]

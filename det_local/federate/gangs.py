@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
+from det_local.federate.verdict import Seen, Verdict, failed_gang
 from det_local.sched.gangs import MEMBER, REATTACH_S, GangFit, owner_key, share_key
 from det_local.sched.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
@@ -79,8 +80,9 @@ class OwnerGang:
     per_node: int
     local: int
     shares: dict[str, Share] = field(default_factory=dict)  # peer node -> its share
-    state: str = "reserving"  # reserving, committed, ending
+    state: str = "reserving"  # reserving, committed, ending, settling
     local_code: int | None = None
+    failed_at: float | None = None  # when a rank of the gang was first seen failing
     trial_run: TrialRun | None = None
     failure: str | None = None  # a member's failure, when one ended the gang
     lost: str | None = None  # a machine lost
@@ -454,6 +456,7 @@ class Gangs:
         og.trial_run = run
         og.state = "ending"
         if code != 0:
+            self._failed(og)
             self._abort_members(og, f"the trial's ranks on {self.node} exited with {code}")
         if self._all_members_done(og):
             self._finish(og)
@@ -471,16 +474,35 @@ class Gangs:
     def _all_members_done(self, og: OwnerGang) -> bool:
         return all(s.exited for s in og.shares.values())
 
+    def _failed(self, og: OwnerGang) -> None:
+        if og.failed_at is None:
+            og.failed_at = time.monotonic()
+
     def _finish(self, og: OwnerGang) -> None:
+        """Every rank of the gang has stopped: decide. A failure waits (bounded) until every
+        other machine of the gang is known alive, or one is dead: then a machine was lost
+        (federate/verdict.py)."""
         if self.owned.get(og.gang) is not og:
             return
-        self._forget_owned(og)
         code = og.local_code if og.local_code is not None else 0
         if code == 0:
             for s in og.shares.values():
                 if s.code not in (0, None):
                     code = s.code
                     break
+        if code != 0 and og.lost is None and not og.command:  # a command's code is its own
+            self._failed(og)
+            assert og.failed_at is not None
+            verdict, node = failed_gang(og.failed_at, time.monotonic(), self._seen(og))
+            if verdict == Verdict.WAIT:
+                if og.timer is not None:
+                    og.timer.cancel()
+                    og.timer = None
+                og.state = "settling"  # tick() asks again
+                return
+            if verdict == Verdict.LOST:
+                og.lost = f"machine {node} was lost"
+        self._forget_owned(og)
         if og.command:
             where = ", ".join(og.shares)
             self.view.gangs.remote_command_ended(og.job_id, code, where, og.lost)
@@ -498,6 +520,8 @@ class Gangs:
             return
         share = og.shares[node]
         share.exited, share.code = True, msg["code"]
+        if share.code != 0:
+            self._failed(og)
         if og.state == "committed" and share.code != 0:
             why = f"the trial's ranks on {node} exited with {share.code}"
             og.failure = why
@@ -512,6 +536,18 @@ class Gangs:
             self._check_done(og)
         elif og.state == "ending" and self._all_members_done(og):
             self._finish(og)
+
+    def _seen(self, og: OwnerGang) -> list[Seen]:
+        now = time.monotonic()
+        seen = []
+        for node in og.shares:
+            peer = self.fed.peers.get(node)
+            if peer is None:
+                seen.append(Seen(node, "gone", 0.0, False))
+                continue
+            linked = peer.link is not None and not peer.link.closed
+            seen.append(Seen(node, peer_state(peer, now), peer.last_heard, linked))
+        return seen
 
     def _check_done(self, og: OwnerGang) -> None:
         """A gang in which this node runs no ranks ends when its members have."""
@@ -864,6 +900,8 @@ class Gangs:
                 # running ranks: a daemon restart inside REATTACH_S keeps them
                 if self._gone(s.node, og.since, now):
                     self._lose(og, s, f"machine {s.node} was lost")
+            if og.state == "settling":
+                self._finish(og)
         for mg in list(self.members.values()):
             job = self.view.job(mg.job_id)
             running = job is not None and job.state == SCHEDULED

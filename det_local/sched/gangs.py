@@ -104,6 +104,7 @@ class GangShares:
         self.engine = engine
         self.placer: Placer | None = None
         self.relays: dict[int, TrialRun] = {}  # member job id -> its ranks' relay run
+        self.stopping: dict[int, str] = {}  # member job id -> why its ranks are being stopped
         self.peer_lost: dict[int, str] = {}  # owner trial id -> why its gang lost a machine
         self.peer_requeues: dict[int, int] = {}  # owner trial id -> requeues for lost machines
         self.max_peer_requeues = 5  # federation.max_peer_requeues
@@ -600,6 +601,7 @@ class GangShares:
             engine.queue.preempting.discard(job_id)
             engine.queue.schedule()
         elif job.state == SCHEDULED:
+            self.stopping.setdefault(job_id, why)
             run = self.relays.get(job_id)
             if job.pid is not None:
                 engine.supervisor.terminate(job_id, job.pid)
@@ -621,6 +623,9 @@ class GangShares:
         self.relays.pop(job.id, None)
         what = "its command" if "command" in (job.gang or {}) else "its ranks"
         message = f"{what} exited" if code == 0 else f"{what} exited with {code}"
+        why = self.stopping.pop(job.id, None)
+        if why is not None:
+            message = f"{message}: stopped, {why}"
         self.engine.store.jobs.finish(job.id, code, message)
         if self.placer is not None:
             self.placer.member_exited(job, code)

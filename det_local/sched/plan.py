@@ -49,6 +49,14 @@ class LaunchPlan:
 HARNESS_MODULE = "det_local.trial.harness"
 
 
+# A string entrypoint's shell outlives its command's shutdown: a job is stopped with SIGTERM to
+# its whole process group, and a shell that died at once would end the job's leader, whose
+# group then gets SIGKILL before the command (torchrun, the launchers' supervisor) has stopped
+# the ranks it started in sessions of their own: they would be orphaned. With these traps the
+# shell waits for its command, then exits with the signal's status and runs nothing more.
+STOP_TRAPS = "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM"
+
+
 def entrypoint_argv(
     entrypoint: str | list[str], context_dir: Path, *, slots_per_trial: int = 1
 ) -> list[str]:
@@ -69,8 +77,8 @@ def entrypoint_argv(
             return list(entrypoint)
         return ["bash", "-c", f'. ./{HOOK} || exit $?\nexec "$@"', "det-local-trial", *entrypoint]
     if not has_hook:
-        return ["sh", "-c", entrypoint]
-    return ["bash", "-c", f". ./{HOOK} || exit $?\n{entrypoint}"]
+        return ["sh", "-c", f"{STOP_TRAPS}\n{entrypoint}"]
+    return ["bash", "-c", f"{STOP_TRAPS}\n. ./{HOOK} || exit $?\n{entrypoint}"]
 
 
 def check_entrypoint(
