@@ -967,6 +967,9 @@ class Gangs:
                     mg.log_offset = int(offset.read_text())
                 self.members[mg.gang] = mg
                 mg.log_task = asyncio.get_running_loop().create_task(self._ship_logs(mg))
+                self.view.log(
+                    f"federation: share of gang {mg.gang} run {mg.run} taken back after a restart"
+                )
                 continue
             if "shares" not in spec:
                 continue  # placed by a daemon that did not record it: it ends (unclaimed)

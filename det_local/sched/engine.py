@@ -591,6 +591,14 @@ class Engine:
                 and placer.owner_exited(run, ended.code)
             ):
                 return False  # decided once the other nodes' ranks have stopped too
+            if (
+                run is not None
+                and job.gang is not None
+                and (placer is None or job.id in self.gangs.adopted)
+            ):  # its ranks on other machines were out of reach: a machine lost, not a failure
+                self.gangs.peer_lost.setdefault(
+                    run.trial_id, "the cluster was off while its ranks ran on other machines"
+                )
             if run is not None:
                 self.on_trial_exit(run, ended.code)
         else:
