@@ -27,8 +27,7 @@ key and a static peer, mDNS off. Times come from the daemons' own records where 
   M training metrics as fast as it can; the rate is M over the time from the rank's first
   report (the row's `time`, stamped by the rank) until the owner's metrics table holds all M
   (polled every 5 ms). Anchor: the same script as a 1-slot trial on the owner
-  (local_reports_per_s). Target >= 10,000/s. (A trial whose rank 0 runs on a member, the owner
-  taking no slot, does not end today: see the final report of this bench's commit.)
+  (local_reports_per_s). Target >= 10,000/s.
 
 The machine may be loaded (2 shared cores): read the times as upper bounds. The last line
 printed is one JSON object. Namespaces are prefixed dlf<pid> and removed at the end, even on
