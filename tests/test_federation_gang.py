@@ -80,10 +80,10 @@ def net(tmp_path: Path) -> Iterator[Net]:
     assert not [ns for ns in namespaces() if ns.startswith(n.prefix)]
 
 
-def two_nodes(net: Net) -> tuple[Node, Node]:
+def two_nodes(net: Net, **n2_env: str) -> tuple[Node, Node]:
     key = keys.new_key()
     n1 = net.node(1, key).start(**NO_MDNS)
-    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800")
+    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800", **n2_env)
 
     def alive(node: Node, peer: str) -> bool:
         return node.states().get(peer) == "alive"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,6 @@ import pytest
 from conftest import wait_for
 from fednet import Net, Node, cli_env
 from test_federation_gang import (
-    NO_MDNS,
     alive,
     checkpoints,
     db,
@@ -27,15 +27,13 @@ from test_federation_gang import (
     rank_pids,
     submit,
     trial_log,
+    two_nodes,
     wait_end,
 )
 
-from det_local.federate import keys
-
 pytestmark = [
     pytest.mark.skipif(
-        os.geteuid() != 0 or not Path("/usr/sbin/ip").exists() and not Path("/sbin/ip").exists(),
-        reason="needs root and iproute2",
+        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
     ),
     pytest.mark.slow,
 ]
@@ -46,17 +44,7 @@ CLI = [sys.executable, "-m", "det_local.cli.main"]
 
 def owner_and_big_peer(lan: Net) -> tuple[Node, Node]:
     """n1 with 1 CPU slot (the owner), n2 with 2."""
-    key = keys.new_key()
-    n1 = lan.node(1, key).start(**NO_MDNS)
-    n2 = lan.node(2, key).start(
-        **NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800", DET_LOCAL_CPU_SLOTS="2"
-    )
-    wait_for(
-        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
-        timeout=30,
-        what="a 2-node cluster",
-    )
-    return n1, n2
+    return two_nodes(lan, DET_LOCAL_CPU_SLOTS="2")
 
 
 def test_trial_runs_wholly_on_a_peer_and_its_owner_records_it(
@@ -126,14 +114,7 @@ def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_
     net: Net,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    key = keys.new_key()
-    n1 = net.node(1, key).start(**NO_MDNS)
-    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800")
-    wait_for(
-        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
-        timeout=30,
-        what="a 2-node cluster",
-    )
+    n1, n2 = two_nodes(net)
     # refused before anything starts: such a trial keeps its checkpoints where both machines do
     cfg, ctx = experiment(
         tmp_path,
@@ -185,14 +166,7 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     net: Net,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    key = keys.new_key()
-    n1 = net.node(1, key).start(**NO_MDNS)
-    n2 = net.node(2, key).start(**NO_MDNS, DET_LOCAL_PEERS="10.77.0.1:47800")
-    wait_for(
-        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
-        timeout=30,
-        what="a 2-node cluster",
-    )
+    n1, n2 = two_nodes(net)
     work = tmp_path / "work"
     work.mkdir()
     res = n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120")

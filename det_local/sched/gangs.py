@@ -228,15 +228,7 @@ class GangShares:
         if engine.store.get_trial(job.trial_id).state == State.PAUSED:
             engine.store.set_trial_state(job.trial_id, State.ACTIVE)
         os.close(self.open_trial_log(exp.id, job.trial_id))  # `trial logs` follows it from now
-        engine.runs[job.trial_id] = TrialRun(
-            job.trial_id,
-            exp.id,
-            exp.request_of[job.trial_id],
-            job.run_id,
-            engine.private.run_token(job.id, job.run_id),
-            job.id,
-            0,
-        )
+        engine.adopt_trial(exp, job)  # a run record as a restart makes (job.pid None: pid 0)
 
     def release(self, job_id: int, why: str) -> None:
         """A reserved share goes back to the queue, in its place (wounded, lease over)."""
