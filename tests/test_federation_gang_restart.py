@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -115,3 +116,39 @@ def test_a_share_the_cluster_does_not_take_back_is_ended(
         member = conn.execute("SELECT state FROM jobs WHERE kind='MEMBER'").fetchone()[0]
     assert member == "DONE"
     assert n1.cli("experiment", "kill", str(exp_id)).returncode == 0
+
+
+def test_an_owner_killed_whole_stops_the_members_and_requeues_on_restart(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the owner's daemon and its ranks: the member's ranks stop within 15 s; the
+    owner, started again after the reattach window, requeues the trial (max_restarts 0 is not
+    used) and it completes from its checkpoint."""
+    n1, n2 = two_nodes(net)
+    cfg, ctx = experiment(tmp_path, env={"STEPS": "30", "STEP_SLEEP": "0.3"})
+    exp_id = submit(n1, cfg, ctx)
+    wait_for(lambda: checkpoints(n1, exp_id) >= 2, timeout=90, what="two checkpoints")
+    members = rank_pids(n2)
+    assert members
+    t0 = time.monotonic()
+    n1.signal_all(signal.SIGKILL)
+    n1.proc.wait(10) if n1.proc is not None else None
+    wait_for(
+        lambda: not any(Path(f"/proc/{p}").exists() for p in members),
+        timeout=20,
+        what="the member's ranks to stop",
+    )
+    assert time.monotonic() - t0 <= 15.0
+    with db(n2) as conn:
+        message = conn.execute("SELECT message FROM jobs WHERE kind='MEMBER'").fetchone()[0]
+    assert "n1" in message, message
+    wait_for(lambda: time.monotonic() - t0 > 11.0, timeout=15, interval=0.2, what="the window")
+    n1.start()
+    assert wait_end(n1, n2, exp_id, timeout=150) == "COMPLETED"
+    assert "queued again to resume from its latest checkpoint" in n1.log_text()
+    with db(n1) as conn:
+        steps = [r[0] for r in conn.execute("SELECT steps_completed FROM metrics")]
+        restarts = conn.execute("SELECT restarts FROM trials").fetchone()[0]
+    assert max(steps) == 30 and restarts == 0
+    assert trial_log(n1, exp_id).count("RESULT rank=1") == 2  # placed again

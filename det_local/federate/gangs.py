@@ -285,8 +285,9 @@ class Gangs:
         return None if best is None else best[1]
 
     def peers_changed(self) -> None:
-        """A peer joined or died: gangs waiting for machines may fit now."""
-        if self.view.release_held_back():
+        """A peer joined, died, or has more free slots: gangs waiting for machines may fit
+        now, and jobs that may run anywhere may go."""
+        if self.view.release_held_back() or self.view.gangs.offloadable():
             self.view.schedule()
 
     async def _place(self, og: OwnerGang, job: JobRecord) -> None:

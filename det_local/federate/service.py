@@ -452,9 +452,12 @@ class Federation:
         if kind in GANG_MESSAGES:
             self._gang_message(peer, link, msg)
         elif kind == "hb":
+            before = (peer.free, peer.total, peer.kind, peer.lend)
             peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
             peer.digest = msg["digest"]
             peer.lend = bool(msg.get("lend", True))
+            if before[1:] != (peer.total, peer.kind, peer.lend) or peer.free > before[0]:
+                self.gangs.peers_changed()  # what waits for machines (or free slots) may go
         elif kind == "peers":
             for entry in msg["list"]:
                 self._found(entry["node"], entry["host"], entry["port"])

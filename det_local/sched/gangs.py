@@ -159,6 +159,20 @@ class GangShares:
         if moved:
             engine.queue.schedule()
 
+    def offloadable(self) -> bool:
+        """Whether a job that may run anywhere waits here (a pass may send it to a peer)."""
+        now = time.monotonic()
+        for job_id in self.engine.queue.waiting:
+            if self.stay_until.get(job_id, 0.0) > now:
+                continue
+            try:
+                job = self.engine.store.jobs.peek(job_id)
+            except DetLocalError:
+                continue
+            if job.state == QUEUED and job.anywhere and job.gang is None:
+                return True
+        return False
+
     def back_home(self, job_id: int, why: str) -> None:
         """A trial sent to run on a peer (`offload_waiting`) could not be placed there: it waits
         here again, in its place, and is not offered to peers for a while."""

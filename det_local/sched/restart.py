@@ -163,4 +163,8 @@ def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
         )
         return
     run = engine.adopt_trial(exp, job)
+    if job.gang is not None:  # its ranks ran across machines while this daemon was down
+        engine.gangs.peer_lost.setdefault(
+            run.trial_id, "its daemon was down while its ranks ran on other machines"
+        )
     engine.on_trial_exit(run, lost.code)
