@@ -18,6 +18,13 @@ key and a static peer, mDNS off. Times come from the daemons' own records where 
   over the same script started by hand with `torchrun --nnodes 2 --node_rank {0,1}
   --master_addr 10.77.0.1` in the same two namespaces; samples/s is rank 0's own count over its
   training loop (after 20 warm-up batches), median of R repeats each. Target >= 0.95.
+- kill_ranks_gone_s, pause_ranks_gone_s: a long DDP run on 2 nodes x 1 slot; `det-local
+  experiment kill` (then `pause`, on a second trial) at the owner: from the CLI's return (the
+  engine applied the request) until every rank process on both machines has exited (a paused
+  rank exits at its next 10-batch boundary, once it sees the preemption). Target: the control
+  reaches every rank within 1 s. pause_reach_s: from the start of the `pause` CLI call (its
+  Python start-up included) until the last rank saw the preemption (its own time stamp, one
+  host clock). kill_cli_s/pause_cli_s: the CLI call itself.
 - peer_loss_stop_s: a long DDP run; once it reports metrics, SIGKILL every pid in the member's
   namespace (`ip netns pids`: its daemon and its ranks), until every process the trial had in
   the owner's namespace (launcher and rank) is gone; the worst of --loss-runs, each on a fresh
@@ -113,6 +120,9 @@ DDP_SCRIPT = textwrap.dedent(
         opt.step()
         losses.append(loss.item())
         if (step + 1) % 10 == 0:
+            if ctx is not None and os.environ.get("BENCH_PREEMPT") and ctx.preempt.should_preempt():
+                print(f"PREEMPTED rank={rank} step={step + 1} t={time.time():.6f}", flush=True)
+                sys.exit(0)
             if ctx is not None and rank == 0:
                 ctx.train.report_training_metrics(
                     steps_completed=step + 1, metrics={"loss": sum(losses) / len(losses)}
@@ -426,6 +436,60 @@ def peer_loss(bench: Bench) -> dict[str, Any]:
     }
 
 
+def control(bench: Bench) -> dict[str, Any]:
+    """`experiment kill` and `experiment pause` of a running 2-node DDP trial: from the CLI's
+    return (the owner's engine has applied the request) until every rank process on both
+    machines has exited (kill: SIGTERM everywhere; pause: the ranks see the preemption at their
+    next 10-batch boundary and exit). Also the CLI call's own time."""
+    out: dict[str, Any] = {}
+    daemons = {n.proc.pid for n in bench.nodes if n.proc is not None}
+    for action in ("kill", "pause"):
+        before = {n.ns: ns_pids(n) for n in bench.nodes}
+        exp_id = bench.submit(DDP_SCRIPT, 2, {"BENCH_STEPS": "100000000", "BENCH_PREEMPT": "1"})
+
+        def reported(exp_id: int = exp_id) -> bool:
+            sql = (
+                "SELECT COUNT(*) FROM metrics m JOIN trials t ON t.id = m.trial_id"
+                " WHERE t.experiment_id=?"
+            )
+            return bool(query(bench.owner, sql, (exp_id,))[0][0] >= 2)
+
+        wait(reported, 120, "the DDP trial to report metrics", tick=0.1)
+        ranks = {n.ns: ns_pids(n) - before[n.ns] - daemons for n in bench.nodes}
+        if not all(ranks.values()):
+            raise RuntimeError(f"{action}: no rank on some machine: {ranks}")
+        t0, asked = time.monotonic(), time.time()
+        res = bench.owner.cli("experiment", action, str(exp_id))
+        t1 = time.monotonic()
+        if res.returncode != 0:
+            raise RuntimeError(f"experiment {action}: {res.stderr.strip()}")
+
+        def gone(ranks: dict[str, set[int]] = ranks) -> bool:
+            return not any(ns_pids(n) & ranks[n.ns] for n in bench.nodes)
+
+        wait(gone, 60, f"every rank to exit after {action}", tick=0.01)
+        out[f"{action}_ranks_gone_s"] = round(time.monotonic() - t1, 3)
+        out[f"{action}_cli_s"] = round(t1 - t0, 3)
+        if action == "pause":
+
+            def paused(exp_id: int = exp_id) -> bool:
+                return exp_state(bench.owner, exp_id) == "PAUSED"
+
+            wait(paused, 60, "PAUSED")
+            seen = [
+                float(line.rsplit("t=", 1)[1])
+                for line in trial_log(bench.owner, exp_id).splitlines()
+                if "PREEMPTED rank=" in line
+            ]
+            if len(seen) != 2:
+                raise RuntimeError(f"pause: {len(seen)} ranks saw the preemption, not 2")
+            # every rank saw it (its own clock stamp: one host clock) this long after
+            out["pause_reach_s"] = round(max(seen) - asked, 3)
+            bench.owner.cli("experiment", "kill", str(exp_id))
+        bench.wait_end(exp_id, 60)
+    return out
+
+
 def arrival_rate(bench: Bench, exp_id: int, reports: int) -> float:
     """Reports per second arriving in the owner's store: from the rank's first report (the
     row's `time`, stamped by the rank on the same host clock) until the owner holds all of
@@ -485,7 +549,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400, help="DDP batches per run")
     parser.add_argument("--reports", type=int, default=50000, help="metric reports (relay)")
     parser.add_argument("--loss-runs", type=int, default=3, help="peer-loss runs")
-    parser.add_argument("--only", default="placement,ddp,loss,relay")
+    parser.add_argument("--only", default="placement,ddp,control,loss,relay")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/federated_gang.py creates network namespaces: run it as root")
@@ -535,6 +599,7 @@ def main() -> None:
             }
 
         section("ddp", [1, 1], ddp)
+        section("control", [1, 1], control)
 
         def losses(_: Bench) -> dict[str, Any]:
             runs = []
