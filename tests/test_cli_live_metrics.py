@@ -10,6 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, Env
 from test_pytorch_run import TRAIN as PYTORCH_TRAIN
@@ -17,6 +18,13 @@ from test_pytorch_run import config as pytorch_config
 
 from det_local.store.states import State
 from det_local.trial.core._metric_lines import INTERVAL_S
+
+
+@pytest.fixture(autouse=True)
+def metric_lines_on(dl: Env) -> None:
+    """conftest turns them off for the other tests."""
+    dl.env.pop("DET_LOCAL_METRIC_LINES", None)
+
 
 LINE = re.compile(r"^(\[trial (\d+)\] )?steps (\d+) (\w+): (.*)$")
 

@@ -95,11 +95,7 @@ def test_logs_follow_every_trial_and_wait_for_a_search(dl: Env) -> None:
     assert r.out.splitlines() == [
         line
         for tid in (1, 2, 3)
-        for line in (
-            f"[trial {tid}] hello from {tid}",
-            f"[trial {tid}] steps 1 validation: loss={1.0 / tid:.4g}",  # its report's line
-            f"[trial {tid}] bye from {tid}",
-        )
+        for line in (f"[trial {tid}] hello from {tid}", f"[trial {tid}] bye from {tid}")
     ]
     # wait on an ended experiment returns at once
     r = dl.det("experiment", "wait", exp)
