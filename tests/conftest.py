@@ -407,6 +407,9 @@ def det_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh DET_LOCAL_HOME for every test (also seen by in-process code)."""
     home = tmp_path / "home"
     monkeypatch.setenv("DET_LOCAL_HOME", str(home))
+    # trials print no metric lines (many tests compare a trial's output exactly);
+    # tests/test_cli_live_metrics.py turns them back on
+    monkeypatch.setenv("DET_LOCAL_METRIC_LINES", "0")
     for var in _TRIAL_VARS:
         monkeypatch.delenv(var, raising=False)
     return home

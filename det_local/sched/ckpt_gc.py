@@ -468,6 +468,7 @@ class CheckpointGC:
                 f"checkpoint{'s' if gone != 1 else ''}, kept {kept} "
                 "(checkpoint_storage save_experiment_best/save_trial_best/save_trial_latest)",
                 experiment_id=experiment_id,
+                echo=False,  # routine: `experiment events` and the daemon's log show it
             )
         for failure in failed:
             self.note(

@@ -260,9 +260,14 @@ class Engine:
         experiment_id: int | None = None,
         trial_id: int | None = None,
         level: str = "INFO",
+        echo: bool = True,
     ) -> None:
+        """Record an event (`experiment events`) and say it: in the daemon's log, or on the
+        terminal of an embedded run unless ``echo`` is False (routine housekeeping, such as
+        checkpoint GC's tally, that a run's output need not show)."""
         self.store.add_event(message, experiment_id=experiment_id, trial_id=trial_id, level=level)
-        self._out(f"det-local: {message}")
+        if echo or self.daemon:
+            self._out(f"det-local: {message}")
 
     def log_safely(self, message: str, level: str = "WARNING") -> None:
         """note(), falling back to the daemon's log when the store cannot be written."""

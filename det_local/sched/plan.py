@@ -172,8 +172,9 @@ def _check_in_snapshot(rel: str, context_dir: Path, snapshot: Path | None, sourc
 
 # What a trial takes from its submitter's environment (captured at submission), as Determined's
 # trials take nothing but the config's environment_variables: enough for a shell and a locale.
-# Nothing of the daemon's own environment reaches a job.
-SUBMITTER_VARS = ("PATH", "LANG", "TZ", "TERM", "DET_LOCAL_DEBUG")
+# Nothing of the daemon's own environment reaches a job. DET_LOCAL_METRIC_LINES=0 turns off the
+# trial's metric lines (det_local/trial/core/_metric_lines.py) from the submitting shell.
+SUBMITTER_VARS = ("PATH", "LANG", "TZ", "TERM", "DET_LOCAL_DEBUG", "DET_LOCAL_METRIC_LINES")
 SUBMITTER_PREFIXES = ("LC_",)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 LOGIN_VARS = ("HOME", "USER", "LOGNAME")

@@ -167,21 +167,21 @@ def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
 
 
 def tensorboard(paths: Paths, experiment_ids: list[int]) -> tuple[int, str]:
-    """TensorBoard over the experiments' trial directories, as a queued 0-slot job."""
+    """TensorBoard over the experiments' trials (their own event files, or ones written from
+    their reported metrics: sched/tbexport.py), as a queued 0-slot job."""
     exe = shutil.which("tensorboard")
     if exe is None:
         raise MissingTool(
             "tensorboard start needs TensorBoard, which is not installed: "
             "`pip install tensorboard`, then try again"
         )
+    from det_local.sched.tbexport import trial_logdirs
     from det_local.store.db import Store
 
     store = Store(paths.db, readonly=True)
     try:
-        dirs = []
-        for exp_id in experiment_ids:
-            for t in store.list_trials(exp_id):  # NotFoundError names an unknown experiment
-                dirs.append(f"trial_{t.id}:{paths.trial_dir(exp_id, t.id)}")
+        # each trial's own event files, or ones written here from its reported metrics
+        dirs = [f"{name}:{d}" for name, d in trial_logdirs(store, paths, experiment_ids)]
     finally:
         store.close()
     if not dirs:

@@ -138,6 +138,17 @@ class Paths:
         """The trial's combined output (every run appends; ranks are prefixed `[rank=N] `)."""
         return self.trial_dir(experiment_id, trial_id) / "output.log"
 
+    def metric_events_dir(self, experiment_id: int, trial_id: int) -> Path:
+        """TensorBoard event files `tensorboard start` writes from a trial's stored metrics:
+        in the caller's own cache (outside the home, which a shared daemon owns), one
+        directory per home."""
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
+        return (
+            Path(cache) / "det-local" / "tensorboard" / digest
+            / f"experiment_{experiment_id}" / f"trial_{trial_id}"
+        )  # fmt: skip
+
     def trial_info_dir(self, experiment_id: int, trial_id: int, run_id: int) -> Path:
         """cluster.json / trial.json for one run of a trial (what get_cluster_info() reads)."""
         return self.trial_dir(experiment_id, trial_id) / "runs" / str(run_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from det_local.trial.core import _metric_lines as metric_lines
 from det_local.trial.core._checkpoint import CheckpointContext
 from det_local.trial.core._distributed import DistributedContext, DummyDistributedContext
 from det_local.trial.core._preempt import DummyPreemptContext, PreemptContext, PreemptMode
@@ -95,6 +96,7 @@ class Context:
         self.close()
 
     def close(self) -> None:
+        self.train._close()
         if self._session is not None:
             self._session.flush()
         self.distributed.close()
@@ -175,7 +177,7 @@ def init(
         checkpoint=CheckpointContext(distributed, storage, session),
         distributed=distributed,
         preempt=PreemptContext(session, distributed, preempt_mode),
-        train=TrainContext(session, tb_path),
+        train=TrainContext(session, tb_path, metric_lines.for_rank(distributed.rank)),
         searcher=searcher,
         info=info,
         session=session,

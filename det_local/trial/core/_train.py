@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from det_local.trial.core._metric_lines import MetricLines
 from det_local.trial.core._metrics import check_metrics
 from det_local.trial.session import Session
 
@@ -19,9 +20,15 @@ class EarlyExitReason(enum.Enum):
 
 
 class TrainContext:
-    def __init__(self, session: Session | None, tensorboard_path: str | None = None) -> None:
+    def __init__(
+        self,
+        session: Session | None,
+        tensorboard_path: str | None = None,
+        lines: MetricLines | None = None,
+    ) -> None:
         self._session = session
         self._tb_path = tensorboard_path
+        self._lines = lines  # each report as a line in the trial's output (the chief's)
 
     def _report(
         self,
@@ -38,6 +45,13 @@ class TrainContext:
             )
             return
         self._session.report(group, int(steps_completed), checked, batch_metrics)
+        if self._lines is not None:
+            self._lines.report(group, int(steps_completed), checked)
+
+    def _close(self) -> None:
+        """The trial is done reporting: the latest reports not shown yet are written."""
+        if self._lines is not None:
+            self._lines.flush()
 
     def report_training_metrics(
         self,

@@ -1,7 +1,9 @@
 """The TensorBoard side of a Trainer's loop: the reported metrics written as scalars under
 ``Determined/`` (per batch for training, once for validation) and the event files uploaded at
-each boundary, as Determined's loop does. Nothing happens when the context turned it off;
-without the tensorboard package it says so once."""
+each boundary, as Determined's loop does. Nothing happens when the context turned it off, nor
+without the tensorboard package: then `det-local tensorboard start` writes the trial's curves
+from its reported metrics (sched/tbexport.py), and it is that command that says, once, when
+TensorBoard is not installed (not every trial of a search)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ class TensorBoardLog:
         if self.context._tbd_writer is None and importlib.util.find_spec("tensorboard") is None:
             if not self._warned:
                 self._warned = True
-                logger.info("tensorboard is not installed: metrics are not written for it")
+                logger.debug("tensorboard is not installed: this trial writes no event files")
             return None
         return self.context.get_tensorboard_writer()
 
