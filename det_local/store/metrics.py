@@ -76,6 +76,51 @@ class MetricTable:
             for r in self.conn.execute(sql, args)
         ]
 
+    def sample(self, trial_id: int, group: str, max_points: int) -> tuple[int, list[MetricRecord]]:
+        """(how many reports the group has, at most ~max_points of them spread evenly over
+        its steps_completed, always with the latest). A long run's curve without reading
+        every report: one count over the index, then one index seek per point."""
+        n, lo, hi = self.conn.execute(
+            "SELECT count(*), min(steps_completed), max(steps_completed) FROM metrics"
+            " WHERE trial_id=? AND grp=?",
+            (trial_id, group),
+        ).fetchone()
+        if n <= max_points:
+            return int(n), self.select(trial_id, group)
+        seek = (
+            f"SELECT id, {_COLS} FROM metrics WHERE trial_id=? AND grp=? AND steps_completed>=?"
+            " ORDER BY steps_completed, id LIMIT 1"
+        )
+        rows: dict[int, Any] = {}
+        span = max(int(hi) - int(lo), 0)
+        last_target = None
+        for k in range(max_points):
+            target = int(lo) + (span * k) // max(max_points - 1, 1)
+            if target == last_target:
+                continue
+            last_target = target
+            row = self.conn.execute(seek, (trial_id, group, target)).fetchone()
+            if row is not None:
+                rows[int(row[0])] = row
+        latest = self.conn.execute(
+            f"SELECT id, {_COLS} FROM metrics WHERE trial_id=? AND grp=? ORDER BY id DESC LIMIT 1",
+            (trial_id, group),
+        ).fetchone()
+        if latest is not None:
+            rows[int(latest[0])] = latest
+        return int(n), [
+            MetricRecord(r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
+            for _, r in sorted(rows.items())
+        ]
+
+    def last_id(self, trial_id: int) -> int:
+        """The row id of the trial's latest report of any group (0 without one): what a live
+        view compares to know that new points came."""
+        row = self.conn.execute(
+            "SELECT id FROM metrics WHERE trial_id=? ORDER BY id DESC LIMIT 1", (trial_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def groups(self, trial_id: int) -> list[str]:
         """The groups the trial has reports in (training, validation, custom ones), sorted."""
         rows = self.conn.execute(
