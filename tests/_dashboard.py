@@ -20,7 +20,7 @@ from conftest import kill_home_processes, wait_for
 
 # A Core API trial: training metrics at every step, validations, a checkpoint, and output lines
 # that are markup (they must come back as text). With hparams.wait_for, it holds after its
-# first report until that file exists, then prints RELEASED and goes on.
+# second report until that file exists, then prints RELEASED and goes on.
 SCRIPT = r"""
 import os, pathlib, sys, time
 import determined as det
@@ -31,7 +31,7 @@ def main(core):
     print('<script>alert("log")</script> starting', flush=True)
     for step in range(1, n + 1):
         core.train.report_training_metrics(step, {"loss": 1.0 / step, "acc": step / n})
-        if step == 1 and hp.get("wait_for"):
+        if step == 2 and hp.get("wait_for"):
             print("waiting for", hp["wait_for"], flush=True)
             deadline = time.monotonic() + 60
             while not os.path.exists(hp["wait_for"]) and time.monotonic() < deadline:

@@ -80,6 +80,7 @@ def page(
     head = [
         '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<link rel="icon" href="data:,">',  # no /favicon.ico request
         str(tag("title", f"{title} · det-local")),
         f'<link rel="stylesheet" href="{STATIC}/dashboard.css">',
     ]
