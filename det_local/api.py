@@ -323,7 +323,7 @@ def trial_metrics_sampled(
     store.get_trial(trial_id)  # a clear error for an unknown id
     out: list[Any] = []
     for g in [group] if group is not None else store.metric_groups(trial_id):
-        out += store.sample_metrics(trial_id, g, max_points)[1]
+        out += store.sample_metrics(trial_id, g, max_points)
     if group is not None and not out:
         trial_metrics(trial_id, group)  # none: its error names the groups the trial has
     return out
@@ -337,7 +337,7 @@ def experiment_metrics(
     store = open_store()
     store.get_experiment(experiment_id)  # a clear error for an unknown id
     return {
-        t.id: store.sample_metrics(t.id, group, max_points)[1]
+        t.id: store.sample_metrics(t.id, group, max_points)
         for t in ranked_trials(store, experiment_id)
     }
 
@@ -414,11 +414,15 @@ def _size(path: Path) -> int:
         return 0
 
 
-def trial_progress(trial_id: int) -> tuple[str, int]:
-    """(the trial's state, the row id of its latest metric report): cheap to ask often, what a
-    live view compares to know that something changed."""
+def trial_progress(trial_id: int, after: int | None = None) -> tuple[str, int]:
+    """(the trial's state, the row id of its newest metric report if newer than `after`, else
+    `after`): cheap to ask often, what a live view compares to know that something changed.
+    after=None starts from the newest report of any trial (what a view already shows)."""
     store = open_store()
-    return store.get_trial(trial_id).state.value, store.last_metric_id(trial_id)
+    state = store.get_trial(trial_id).state.value
+    if after is None:
+        return state, store.newest_metric_id()
+    return state, store.last_metric_id(trial_id, after)
 
 
 def experiment_summaries() -> dict[int, dict[str, Any]]:

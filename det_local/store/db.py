@@ -129,6 +129,7 @@ class Store:
         self.latest_metrics = m.latest
         self.sample_metrics = m.sample
         self.last_metric_id = m.last_id
+        self.newest_metric_id = m.newest_id
 
         self.events = ev = EventTable(self.db)
         self.add_event = ev.add

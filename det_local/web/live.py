@@ -47,8 +47,8 @@ async def trial_stream(request: Request) -> Response:
     try:
         trial_id = path_id(request, "trial_id")
         offset = query_int(request, "offset", 0) or 0
-        last = query_int(request, "metrics", 0) or 0
-        state, _ = await anyio.to_thread.run_sync(api.trial_progress, trial_id)
+        after = query_int(request, "metrics")
+        state, last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, after)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
     return StreamingResponse(
@@ -67,7 +67,7 @@ async def _events(
     while not await request.is_disconnected():
         read = functools.partial(api.trial_log_chunk, trial_id, offset=offset)
         chunk = await anyio.to_thread.run_sync(read)
-        new_state, new_last = await anyio.to_thread.run_sync(api.trial_progress, trial_id)
+        new_state, new_last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, last)
         sent = False
         if chunk["lines"]:
             yield event("log", {"offset": chunk["offset"], "lines": chunk["lines"]})

@@ -156,7 +156,7 @@ async function trialPage() {
   const first = await getJSON(`/api/trials/${id}/logs`);
   addLines(first.lines);
   const source = new EventSource(`/api/trials/${id}/stream?offset=${first.offset}`);
-  status.textContent = "live";
+  source.onopen = () => { status.textContent = "live"; refreshMetrics(); };
   source.addEventListener("log", e => addLines(JSON.parse(e.data).lines));
   source.addEventListener("metrics", () => refreshMetrics());
   source.addEventListener("state", e => { status.textContent = JSON.parse(e.data).state; });
