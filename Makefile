@@ -17,3 +17,4 @@ bench:
 	python bench/daemon_footprint.py
 	python bench/launch_overhead.py
 	python bench/asha_sim.py
+	python bench/dashboard.py

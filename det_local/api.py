@@ -257,3 +257,192 @@ def experiment_events(experiment_id: int) -> list[dict[str, Any]]:
         {"time": t, "level": level, "trial_id": trial_id, "message": message}
         for t, level, trial_id, message in store.list_events(experiment_id)
     ]
+
+
+# ---------------------------------------------------------------------------- what --json prints
+# One builder per `--json` output, shared by the CLI and the dashboard's /api/ (same keys).
+TRAINING = "training"
+VALIDATION = "validation"
+MAX_POINTS = 2000  # per series, what the dashboard's charts get (downsampled in the store)
+
+
+def list_experiments(*, all_users: bool = True, with_config: bool = False) -> list[Any]:
+    """Experiments oldest first (ExperimentRecords), every user's or only this user's."""
+    from det_local.store.db import current_user
+
+    exps = open_store().list_experiments(with_config=with_config)
+    if not all_users:
+        user = current_user()
+        exps = [e for e in exps if e.user == user]
+    return exps
+
+
+def experiments_json(*, all_users: bool = True) -> list[dict[str, Any]]:
+    """`experiment list --json`."""
+    return [e.to_json() for e in list_experiments(all_users=all_users, with_config=True)]
+
+
+def experiment_json(experiment_id: int) -> dict[str, Any]:
+    """`experiment describe --json`: the experiment, its trials best first (with the ASHA rung
+    each reached, None for other searchers) and its checkpoints."""
+    store = open_store()
+    exp = store.get_experiment(experiment_id)
+    trials = ranked_trials(store, experiment_id)
+    rungs = trial_rungs(store, experiment_id)
+    ckpts = store.list_checkpoints(experiment_id=experiment_id)
+    return {
+        "experiment": exp.to_json(),
+        "trials": [{**t.to_json(), "rung": rungs.get(t.id)} for t in trials],
+        "checkpoints": [c.to_json() for c in ckpts],
+    }
+
+
+def trial_json(trial_id: int) -> dict[str, Any]:
+    """`trial describe --json`: the trial, its checkpoints, its latest training and
+    validation metrics."""
+    store = open_store()
+    t = store.get_trial(trial_id)
+    training = store.latest_metrics(trial_id, TRAINING)
+    validation = store.latest_metrics(trial_id, VALIDATION)
+    return {
+        "trial": t.to_json(),
+        "checkpoints": [c.to_json() for c in store.list_checkpoints(trial_id=trial_id)],
+        "metrics": {
+            TRAINING: training.to_json() if training else None,
+            VALIDATION: validation.to_json() if validation else None,
+        },
+    }
+
+
+def trial_metrics_sampled(
+    trial_id: int, group: str | None = None, max_points: int = MAX_POINTS
+) -> list[Any]:
+    """As trial_metrics (every group, or `group`), but at most ~max_points reports per group,
+    spread evenly over steps_completed (the latest always among them): what a chart draws."""
+    store = open_store()
+    store.get_trial(trial_id)  # a clear error for an unknown id
+    out: list[Any] = []
+    for g in [group] if group is not None else store.metric_groups(trial_id):
+        out += store.sample_metrics(trial_id, g, max_points)
+    if group is not None and not out:
+        trial_metrics(trial_id, group)  # none: its error names the groups the trial has
+    return out
+
+
+def experiment_metrics(
+    experiment_id: int, group: str = VALIDATION, max_points: int = MAX_POINTS
+) -> dict[int, list[Any]]:
+    """trial id -> its reports of `group` (downsampled as trial_metrics_sampled), for every
+    trial of the experiment (best first): the experiment's learning curves."""
+    store = open_store()
+    store.get_experiment(experiment_id)  # a clear error for an unknown id
+    return {
+        t.id: store.sample_metrics(t.id, group, max_points)
+        for t in ranked_trials(store, experiment_id)
+    }
+
+
+def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
+    """The jobs in the order the scheduler goes by (JobRecords; `job list`'s # is the place)."""
+    from det_local.sched.queueview import in_queue_order
+
+    jobs = in_queue_order(open_store().jobs.list(include_done=include_done), paths())
+    return jobs if limit is None else jobs[: max(limit, 0)]
+
+
+def jobs_json(*, include_done: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
+    """`job list --json`: each job with its place in the queue ("position", from 1)."""
+    jobs = queue(include_done=include_done, limit=limit)
+    return [{**j.to_json(), "position": i + 1} for i, j in enumerate(jobs)]
+
+
+def slots_json() -> list[dict[str, Any]]:
+    """`slots --json`: this machine's slots as the running engine sees them (discovered here
+    when none runs), with who uses each."""
+    from det_local.sched.slotview import current
+
+    return current(paths()).rows()
+
+
+def trial_log_chunk(
+    trial_id: int, *, offset: int | None = None, tail: int | None = None, limit: int = 1 << 20
+) -> dict[str, Any]:
+    """A trial's output from byte `offset` (or its last `tail` lines), whole lines only, at
+    most about `limit` bytes: {"trial_id", "offset" (where the next chunk starts), "lines",
+    "state"}. What a web view polls or streams; `trial logs` follows the same files."""
+    from det_local.store.logtail import LogTail
+
+    store = open_store()
+    trial = store.get_trial(trial_id)
+    path = paths().trial_log(trial.experiment_id, trial_id)
+    log = LogTail(path, start=offset or 0, last=tail if offset is None else None)
+    chunks: list[bytes] = []
+    size = 0
+
+    def keep(data: bytes) -> None:
+        nonlocal size
+        chunks.append(data)
+        size += len(data)
+
+    try:
+        if offset is not None and offset > _size(path):  # truncated, or a wrong offset
+            log = LogTail(path)
+        log.pump(keep)
+    except PermissionError as err:
+        from det_local.sched.attach import logs_private
+
+        raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
+    data = b"".join(chunks)
+    end = log.resume_offset
+    if len(data) > limit:  # the rest comes with the next chunk
+        cut = data.rfind(b"\n", 0, limit) + 1 or len(data)
+        end -= len(data) - cut
+        data = data[:cut]
+    text = data.decode("utf-8", errors="replace")
+    return {
+        "trial_id": trial_id,
+        "offset": end,
+        "lines": text.splitlines(),
+        "state": trial.state.value,
+    }
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def trial_progress(trial_id: int, after: int | None = None) -> tuple[str, int]:
+    """(the trial's state, the row id of its newest metric report if newer than `after`, else
+    `after`): cheap to ask often, what a live view compares to know that something changed.
+    after=None starts from the newest report of any trial (what a view already shows)."""
+    store = open_store()
+    state = store.get_trial(trial_id).state.value
+    if after is None:
+        return state, store.newest_metric_id()
+    return state, store.last_metric_id(trial_id, after)
+
+
+def experiment_summaries() -> dict[int, dict[str, Any]]:
+    """experiment id -> {"searcher", "metric", "smaller_is_better", "best" (the best trial's
+    searcher metric, None before any validation), "trials" (counts by state)}: what a list of
+    experiments shows beside each one, in two queries for all of them."""
+    store = open_store()
+    searchers = store.experiment_searchers()
+    trials = store.trial_summaries()
+    out: dict[int, dict[str, Any]] = {}
+    for exp_id, (name, metric, smaller) in searchers.items():
+        s = trials.get(exp_id)
+        best = None
+        if s is not None:
+            best = s.lowest if smaller else s.highest
+        out[exp_id] = {
+            "searcher": name,
+            "metric": metric,
+            "smaller_is_better": smaller,
+            "best": best,
+            "trials": dict(s.counts) if s else {},
+        }
+    return out

@@ -16,8 +16,10 @@ answer in 400 ms.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -283,3 +285,33 @@ def wrap_lines(label: str, value: str, width: int | None = None, indent: int = 2
     parts = textwrap.wrap(value, room, break_long_words=True, break_on_hyphens=False) or [""]
     pad = " " * len(head)
     return [head + parts[0], *(pad + p for p in parts[1:])]
+
+
+# ---------------------------------------------------------------------------- values as text
+def fmt_time(ts: float | None) -> str:
+    """A store timestamp as local "YYYY-MM-DD HH:MM:SS" ("" for none)."""
+    if ts is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_value(value: Any) -> str:
+    """A metric or hyperparameter value, compact (floats to 6 significant digits)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested hyperparameters as dotted names (Determined nests them that way)."""
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out += flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out

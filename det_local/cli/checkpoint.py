@@ -6,13 +6,13 @@ sizes, the checkpoints table). Top level imports typer and the standard library 
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+from det_local.tables import fmt_time, fmt_value
 
 if TYPE_CHECKING:
     from det_local.store.records import CheckpointRecord
@@ -23,17 +23,12 @@ app = typer.Typer(
     help="Checkpoints: list, describe, download.",
 )
 
+__all__ = ["JsonFlag", "fmt_time", "fmt_value"]
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 # ---------------------------------------------------------------------------- shared formatting
-def fmt_time(ts: float | None) -> str:
-    """A store timestamp as local "YYYY-MM-DD HH:MM:SS" ("" for none)."""
-    if ts is None:
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
 def fmt_bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -41,17 +36,6 @@ def fmt_bytes(n: int) -> str:
             return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"  # unreachable
-
-
-def fmt_value(value: Any) -> str:
-    """A metric or hyperparameter value, compact (floats to 6 significant digits)."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
 
 
 def checkpoint_size(ckpt: CheckpointRecord) -> int:

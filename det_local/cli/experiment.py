@@ -76,18 +76,13 @@ def list_experiments(
     as_json: JsonFlag = False,
 ) -> None:
     """List experiments (yours unless --all), oldest first."""
-    from det_local.api import open_store
+    from det_local import api
     from det_local.cli.common import print_json, table
-    from det_local.store.db import current_user
 
-    # one query; configs are read only for --json, which prints them
-    exps = open_store().list_experiments(with_config=as_json)
-    if not all_users:
-        user = current_user()
-        exps = [e for e in exps if e.user == user]
     if as_json:
-        print_json([e.to_json() for e in exps])
+        print_json(api.experiments_json(all_users=all_users))
         return
+    exps = api.list_experiments(all_users=all_users)  # one query; configs are not read
     rows = [
         [
             e.id,
@@ -108,25 +103,17 @@ def list_experiments(
 @app.command("describe")
 def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     """Show an experiment, its trials and its checkpoints."""
-    from det_local.api import open_store
+    from det_local import api
     from det_local.cli.common import print_json
 
-    store = open_store()
-    exp = store.get_experiment(experiment_id)
-    from det_local.api import ranked_trials, trial_rungs
-
-    trials = ranked_trials(store, experiment_id)
-    rungs = trial_rungs(store, experiment_id)
-    ckpts = store.list_checkpoints(experiment_id=experiment_id)
     if as_json:
-        print_json(
-            {
-                "experiment": exp.to_json(),
-                "trials": [{**t.to_json(), "rung": rungs.get(t.id)} for t in trials],
-                "checkpoints": [c.to_json() for c in ckpts],
-            }
-        )
+        print_json(api.experiment_json(experiment_id))
         return
+    store = api.open_store()
+    exp = store.get_experiment(experiment_id)
+    trials = api.ranked_trials(store, experiment_id)
+    rungs = api.trial_rungs(store, experiment_id)
+    ckpts = store.list_checkpoints(experiment_id=experiment_id)
     cfg = exp.config
     fields: list[tuple[str, Any]] = [
         ("State", exp.state.value),

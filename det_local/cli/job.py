@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
 from det_local.sched.priority import HELP as PRIORITY_HELP
@@ -30,12 +28,10 @@ def list_jobs(
         _cluster_jobs(show_all, as_json)
         return
 
-    jobs = in_queue_order(api.open_store().jobs.list(include_done=show_all), api.paths())
-    if limit is not None:
-        jobs = jobs[: max(limit, 0)]
     if as_json:
-        print_json([{**j.to_json(), "position": i + 1} for i, j in enumerate(jobs)])
+        print_json(api.jobs_json(include_done=show_all, limit=limit))
         return
+    jobs = api.queue(include_done=show_all, limit=limit)
     rows = []
     for i, j in enumerate(jobs):
         submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at))
@@ -54,35 +50,6 @@ def list_jobs(
         )
     headers = ["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"]
     print(table(headers, rows, flex=("Name", "User")))
-
-
-def in_queue_order(jobs: list[Any], paths: Any) -> list[Any]:
-    """The order the scheduler goes by (what # means): running jobs, then the queue as the
-    policy considers it (priority mode: priority, then submission order; fair share:
-    interleaved by user), then, with --all, ended jobs."""
-    from det_local.errors import DetLocalError
-    from det_local.sched.policy import JobView, PolicyConfig, RunningJob, queue_order
-    from det_local.sched.settings import load_settings
-    from det_local.store.states import JobState
-
-    try:
-        settings = load_settings(paths.settings)
-        cfg = PolicyConfig(mode=settings.mode, user_weight=settings.user_weight)
-    except DetLocalError:
-        cfg = PolicyConfig()
-
-    def view(j: Any) -> JobView:
-        return JobView(j.id, j.user, j.priority, j.position, j.slots_needed)
-
-    def key(j: Any) -> tuple[int, float, int]:
-        return (j.priority, j.position, j.id)
-
-    running = sorted((j for j in jobs if j.state == JobState.SCHEDULED), key=key)
-    queued = {j.id: j for j in jobs if j.state == JobState.QUEUED}
-    ended = sorted((j for j in jobs if not JobState(j.state).active), key=lambda j: j.id)
-    running_views = [RunningJob(view(j), tuple(j.slots)) for j in running]
-    order = queue_order([view(j) for j in queued.values()], cfg, running_views)
-    return running + [queued[v.id] for v in order] + ended
 
 
 @app.command("update")

@@ -9,6 +9,7 @@ import typer
 from det_local.cli import checkpoint, cluster, cmd, config, daemon, experiment, job, trial
 from det_local.cli.common import run_cli
 from det_local.cli.completion import completion_command
+from det_local.cli.dashboard import dashboard_command
 from det_local.cli.group import DetGroup
 from det_local.cli.run import run_command
 from det_local.cli.slots import slots_command
@@ -61,6 +62,7 @@ app.command("slots")(slots_command)
 app.add_typer(shell_app, name="shell", cls=DetGroup)
 app.add_typer(notebook_app, name="notebook", cls=DetGroup)
 app.add_typer(tensorboard_app, name="tensorboard", cls=DetGroup)
+app.command("dashboard")(dashboard_command)
 app.command("completion")(completion_command)
 
 

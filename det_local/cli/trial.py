@@ -11,6 +11,7 @@ import typer
 
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
 from det_local.cli.history import trial_metrics
+from det_local.tables import flatten
 
 if TYPE_CHECKING:
     from det_local.store.db import Store
@@ -32,17 +33,6 @@ def fmt_metrics(metrics: dict[str, Any] | None) -> str:
     if not metrics:
         return ""
     return " ".join(f"{k}={fmt_value(v)}" for k, v in metrics.items())
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Nested hyperparameters as dotted names (Determined nests them that way)."""
-    out: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out += flatten(v, f"{prefix}{k}.")
-        else:
-            out.append((f"{prefix}{k}", v))
-    return out
 
 
 def trials_table(
@@ -121,27 +111,18 @@ def describe(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a trial: state, hyperparameters, latest metrics and checkpoints."""
-    from det_local.api import open_store
+    from det_local import api
     from det_local.cli.common import print_json
     from det_local.tables import wrap_lines
 
-    store = open_store()
+    if as_json:
+        print_json(api.trial_json(trial_id))
+        return
+    store = api.open_store()
     t = store.get_trial(trial_id)
     training = store.latest_metrics(trial_id, TRAINING)
     validation = store.latest_metrics(trial_id, VALIDATION)
     ckpts = store.list_checkpoints(trial_id=trial_id)
-    if as_json:
-        print_json(
-            {
-                "trial": t.to_json(),
-                "checkpoints": [c.to_json() for c in ckpts],
-                "metrics": {
-                    TRAINING: training.to_json() if training else None,
-                    VALIDATION: validation.to_json() if validation else None,
-                },
-            }
-        )
-        return
     lines = [
         f"Trial {t.id} of experiment {t.experiment_id}",
         f"  State:             {t.state.value}",

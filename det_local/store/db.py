@@ -84,6 +84,7 @@ class Store:
         self.create_experiment = e.create
         self.get_experiment = e.get
         self.list_experiments = e.select
+        self.experiment_searchers = e.searchers
         self.set_experiment_state = e.set_state
         self.get_experiment_umask = e.get_umask
         self.set_experiment_context = e.set_context
@@ -102,6 +103,7 @@ class Store:
         self.create_trial = t.create
         self.get_trial = t.get
         self.list_trials = t.select
+        self.trial_summaries = t.summaries
         self.set_trial_state = t.set_state
         self.next_trial_run = t.next_run
         self.add_restart = t.add_restart
@@ -125,6 +127,9 @@ class Store:
         self.metric_groups = m.groups
         self.list_validations = m.list_validations
         self.latest_metrics = m.latest
+        self.sample_metrics = m.sample
+        self.last_metric_id = m.last_id
+        self.newest_metric_id = m.newest_id
 
         self.events = ev = EventTable(self.db)
         self.add_event = ev.add

@@ -155,6 +155,23 @@ class ExperimentTable:
             return [_record(r[:-1], r[-1]) for r in rows]
         return [_record(r) for r in rows]
 
+    def searchers(self) -> dict[int, tuple[str | None, str | None, bool]]:
+        """experiment id -> (searcher name, metric, smaller_is_better), read from the configs
+        in SQL (a list page never parses a thousand configs)."""
+        rows = self.conn.execute(
+            "SELECT id, json_extract(config, '$.searcher.name'),"
+            " json_extract(config, '$.searcher.metric'),"
+            " json_extract(config, '$.searcher.smaller_is_better') FROM experiments"
+        )
+        return {
+            int(r[0]): (
+                None if r[1] is None else str(r[1]),
+                None if r[2] is None else str(r[2]),
+                r[3] is None or bool(r[3]),
+            )
+            for r in rows
+        }
+
     def set_state(self, experiment_id: int, state: State, message: str | None = None) -> None:
         """StateError when the transition table does not allow the move."""
         old = self.get(experiment_id).state

@@ -81,6 +81,12 @@ class LogTail:
                     write(kept)
         return got
 
+    @property
+    def resume_offset(self) -> int:
+        """Where a later LogTail(start=...) goes on from: the end of the last whole line
+        handed over (a partial line held back is read again then)."""
+        return self.offset - len(self._pending)
+
     def rest(self) -> bytes:
         """The partial line held back (with ``lines=True``; empty otherwise), handed over once."""
         rest, self._pending = self._pending, b""

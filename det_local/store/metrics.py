@@ -76,6 +76,59 @@ class MetricTable:
             for r in self.conn.execute(sql, args)
         ]
 
+    def sample(self, trial_id: int, group: str, max_points: int) -> list[MetricRecord]:
+        """At most ~max_points of the group's reports, spread evenly over its steps_completed
+        (the one at the highest steps always among them), in the order they were recorded:
+        a long run's curve without reading every report. Every step is an index seek; nothing
+        scans the trial's reports (not even to count them)."""
+        head = self.conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE trial_id=? AND grp=? LIMIT ?)",
+            (trial_id, group, max_points + 1),
+        ).fetchone()[0]
+        if head <= max_points:
+            return self.select(trial_id, group)
+        ends = [
+            self.conn.execute(
+                f"SELECT id, {_COLS} FROM metrics WHERE trial_id=? AND grp=?"
+                f" ORDER BY steps_completed {way}, id {way} LIMIT 1",
+                (trial_id, group),
+            ).fetchone()
+            for way in ("ASC", "DESC")
+        ]
+        lo, hi = int(ends[0][4]), int(ends[1][4])
+        seek = (
+            f"SELECT id, {_COLS} FROM metrics WHERE trial_id=? AND grp=? AND steps_completed>=?"
+            " ORDER BY steps_completed, id LIMIT 1"
+        )
+        rows: dict[int, Any] = {int(r[0]): r for r in ends}
+        last_target = None
+        for k in range(1, max_points - 1):
+            target = lo + ((hi - lo) * k) // (max_points - 1)
+            if target == last_target:
+                continue
+            last_target = target
+            row = self.conn.execute(seek, (trial_id, group, target)).fetchone()
+            if row is not None:
+                rows[int(row[0])] = row
+        return [
+            MetricRecord(r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
+            for _, r in sorted(rows.items())
+        ]
+
+    def newest_id(self) -> int:
+        """The row id of the newest report of any trial (0 without one)."""
+        row = self.conn.execute("SELECT max(id) FROM metrics").fetchone()
+        return int(row[0] or 0)
+
+    def last_id(self, trial_id: int, after: int) -> int:
+        """The row id of the trial's newest report if it is newer than `after`, else `after`:
+        what a live view asks often. Only the rows after `after` are read (a walk along the
+        row ids, not the trial's index)."""
+        row = self.conn.execute(
+            "SELECT max(id) FROM metrics WHERE id > ? AND +trial_id = ?", (after, trial_id)
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else after
+
     def groups(self, trial_id: int) -> list[str]:
         """The groups the trial has reports in (training, validation, custom ones), sorted."""
         rows = self.conn.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from det_local.errors import NotFoundError
@@ -31,6 +32,16 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE INDEX IF NOT EXISTS trials_by_experiment ON trials(experiment_id);
 """
+
+
+@dataclass
+class TrialSummary:
+    """An experiment's trials at a glance: how many in each state, best validations' range."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    lowest: float | None = None
+    highest: float | None = None
+
 
 _COLS = (
     "id, experiment_id, state, hparams, seed, run_id, restarts, steps_completed,"
@@ -104,6 +115,22 @@ class TrialTable:
                 (experiment_id,),
             )
         return [_record(r) for r in rows]
+
+    def summaries(self) -> dict[int, TrialSummary]:
+        """experiment id -> its trials counted by state, and the lowest and highest best
+        validation among them (one query over every experiment)."""
+        out: dict[int, TrialSummary] = {}
+        rows = self.conn.execute(
+            "SELECT experiment_id, state, count(*), min(best_validation), max(best_validation)"
+            " FROM trials GROUP BY experiment_id, state"
+        )
+        for exp_id, state, n, lo, hi in rows:
+            s = out.setdefault(int(exp_id), TrialSummary())
+            s.counts[str(state)] = int(n)
+            if lo is not None:
+                s.lowest = lo if s.lowest is None else min(s.lowest, lo)
+                s.highest = hi if s.highest is None else max(s.highest, hi)
+        return out
 
     def set_state(self, trial_id: int, state: State, message: str | None = None) -> None:
         """StateError when the transition table does not allow the move."""

@@ -1,0 +1,32 @@
+"""The dashboard (`det-local dashboard`): read-only pages and a JSON API under /api/ over the
+same `det_local.api` functions the CLI's --json uses. A separate process; it reads the store
+read-only and the trials' log files, with or without a daemon running.
+
+Starlette and uvicorn come with the optional extra `det-local[web]`; nothing here is imported
+by the rest of det-local. Modules: `app` (the application and its routes' table), `guard`
+(loopback Host check and the access token), `jsonapi` (/api/), `pages` and `html` (the
+server-rendered pages), `live` (server-sent events), `serve` (the process).
+"""
+
+from __future__ import annotations
+
+from det_local.errors import DetLocalError
+
+INSTALL_HINT = "pip install 'det-local[web]'"
+
+
+def require_web() -> None:
+    """A one-line error when Starlette or uvicorn cannot be imported."""
+    import sys
+
+    missing = []
+    for name in ("starlette", "uvicorn"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise DetLocalError(
+            f"the dashboard needs {' and '.join(missing)}, which this Python "
+            f"({sys.executable}) lacks: {INSTALL_HINT}"
+        )

@@ -1,0 +1,71 @@
+"""The dashboard's application: /api/ (jsonapi.py), the pages (pages.py), the static files,
+behind the guard (guard.py) and headers that keep a page's content from being run or framed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+
+from det_local.web import jsonapi, pages
+from det_local.web.guard import App, Guard, Message, Receive, Scope, Send
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+# No inline script runs (page data is JSON in a non-executed block); nothing loads from
+# elsewhere; no page can frame this one; no address (with its ?token=) leaks as a referrer.
+HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        b"img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+class SecurityHeaders:
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    if status == 405:
+        from det_local.web.responses import json_response
+
+        return json_response({"error": "the dashboard is read-only: only GET is answered"}, 405)
+    return pages.not_found(request)  # type: ignore[no-any-return]
+
+
+def create_app(*, token: str | None = None) -> App:
+    """The ASGI application. token: None answers only requests to a loopback address (Host
+    header); otherwise every request must carry it (guard.py)."""
+    app = Starlette(
+        routes=[
+            *jsonapi.routes(),
+            *pages.ROUTES,
+            Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+        ],
+        exception_handlers={404: _not_found, 405: _not_found},
+    )
+    return SecurityHeaders(Guard(app, token=token))

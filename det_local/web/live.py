@@ -1,0 +1,95 @@
+"""Live updates of a trial as server-sent events (GET /api/trials/{id}/stream?offset=N):
+
+    event: log       data: {"offset": N, "lines": [...]}    new whole lines of its output
+    event: metrics   data: {"last": ROW_ID}                 new metric reports (refetch them:
+                                                            the server downsamples)
+    event: state     data: {"state": "COMPLETED"}           the trial's state changed
+    event: end       data: {"state": ...}                   it stopped (ended or paused), and
+                                                            everything it wrote was sent
+
+The stream polls the log file and the store (bounded: POLL_S, doubling to MAX_POLL_S while
+idle), in a worker thread so that the event loop never waits on a disk; a comment line every
+KEEPALIVE_S keeps proxies from closing an idle stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from det_local import api
+from det_local.errors import DetLocalError
+from det_local.store.states import State
+from det_local.web.responses import error_status, json_response, path_id, query_int
+
+POLL_S = 0.1
+MAX_POLL_S = 1.0
+KEEPALIVE_S = 15.0
+
+
+def event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def stopped(state: str) -> bool:
+    s = State(state)
+    return s.terminal or s is State.PAUSED
+
+
+async def trial_stream(request: Request) -> Response:
+    try:
+        trial_id = path_id(request, "trial_id")
+        offset = query_int(request, "offset", 0) or 0
+        after = query_int(request, "metrics")
+        state, last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, after)
+    except DetLocalError as err:
+        return json_response({"error": str(err)}, error_status(err))
+    return StreamingResponse(
+        _events(request, trial_id, offset, last, state),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _events(
+    request: Request, trial_id: int, offset: int, last: int, state: str
+) -> AsyncIterator[bytes]:
+    delay = POLL_S
+    quiet_since = time.monotonic()
+    yield b": live\n\n"  # the headers go out at once; the page knows it is connected
+    while not await request.is_disconnected():
+        read = functools.partial(api.trial_log_chunk, trial_id, offset=offset)
+        chunk = await anyio.to_thread.run_sync(read)
+        new_state, new_last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, last)
+        sent = False
+        if chunk["lines"]:
+            yield event("log", {"offset": chunk["offset"], "lines": chunk["lines"]})
+            sent = True
+        offset = chunk["offset"]
+        if new_last != last:
+            last = new_last
+            yield event("metrics", {"last": last})
+            sent = True
+        if new_state != state:
+            state = new_state
+            yield event("state", {"state": state})
+            sent = True
+        if not sent and stopped(state):
+            yield event("end", {"state": state})
+            return
+        if sent:
+            delay = POLL_S
+            quiet_since = time.monotonic()
+        else:
+            delay = min(delay * 2, MAX_POLL_S)
+            if time.monotonic() - quiet_since > KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+                quiet_since = time.monotonic()
+        await anyio.sleep(delay)

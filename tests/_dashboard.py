@@ -1,0 +1,166 @@
+"""What the dashboard tests share: a finished experiment in a home of its own (one per test
+module), a `det-local dashboard` process serving it, and HTTP helpers (urllib: real sockets on
+the loopback)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from conftest import kill_home_processes, wait_for
+
+# A Core API trial: training metrics at every step, validations, a checkpoint, and output lines
+# that are markup (they must come back as text). With hparams.wait_for, it holds after its
+# second report until that file exists, then prints RELEASED and goes on.
+SCRIPT = r"""
+import os, pathlib, sys, time
+import determined as det
+
+def main(core):
+    hp = det.get_cluster_info().trial.hparams
+    n = int(hp["batches"])
+    print('<script>alert("log")</script> starting', flush=True)
+    for step in range(1, n + 1):
+        core.train.report_training_metrics(step, {"loss": 1.0 / step, "acc": step / n})
+        if step == 2 and hp.get("wait_for"):
+            print("waiting for", hp["wait_for"], flush=True)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(hp["wait_for"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            print("RELEASED <b>bold</b>", flush=True)
+            core.train.report_training_metrics(step, {"loss": 0.5, "acc": 0.0})
+        if step % (n // 4) == 0:
+            core.train.report_validation_metrics(step, {"val_loss": hp["lr"] * 10 / step})
+    with core.checkpoint.store_path({"steps_completed": n}) as (path, _):
+        (path / "w").write_text("1")
+    print("done", flush=True)
+
+with det.core.init() as core:
+    main(core)
+"""
+
+NAME = '<script>alert("name")</script> digits'
+LABEL = "<img src=x onerror=alert(1)>"
+
+
+@dataclass
+class World:
+    home: Path
+    tmp: Path
+    env: dict[str, str]
+
+    def det(self, *args: Any, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "det_local.cli.main", *map(str, args)],
+            env=self.env,
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def json(self, *args: Any) -> Any:
+        r = self.det(*args, "--json")
+        assert r.returncode == 0, r
+        return json.loads(r.stdout)
+
+    def context(self, name: str, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:
+        ctx = self.tmp / name
+        ctx.mkdir()
+        (ctx / "train.py").write_text(SCRIPT)
+        cfg = {
+            "name": NAME,
+            "labels": [LABEL, "digits"],
+            "entrypoint": "python3 train.py",
+            "hyperparameters": hparams,
+            "searcher": {"name": "single", "metric": "val_loss", "max_length": 4},
+            "max_restarts": 0,
+            **config,
+        }
+        (ctx / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return ctx / "config.yaml", ctx
+
+
+def make_world(tmp: Path, env: dict[str, str]) -> World:
+    home = tmp / "home"
+    env = {**env, "DET_LOCAL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    for var in ("DET_LOCAL_SOCKET", "DET_LOCAL_TOKEN", "DET_LOCAL_INFO_DIR", "DET_LOCAL_DEBUG"):
+        env.pop(var, None)
+    return World(home, tmp, env)
+
+
+def finished_experiment(world: World, batches: int = 3000) -> int:
+    """Run one experiment to its end (embedded engine); returns its id."""
+    cfg, ctx = world.context("exp", {"batches": batches, "lr": 0.1})
+    r = world.det("run", cfg, ctx)
+    assert r.returncode == 0, r
+    return int(world.json("experiment", "list", "--all")[-1]["id"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    base: str
+    out: Path
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
+        req = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read(), r.headers
+        except urllib.error.HTTPError as err:
+            return err.code, err.read(), err.headers
+
+    def json(self, path: str) -> Any:
+        status, body, _ = self.get(path)
+        assert status == 200, (path, status, body)
+        return json.loads(body)
+
+
+def serve(world: World, *args: str) -> Iterator[Server]:
+    port = free_port()
+    out = world.tmp / f"dashboard-{port}.out"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port), *args],
+            env=world.env,
+            cwd=world.tmp,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(proc, f"http://127.0.0.1:{port}", out)
+
+    def up() -> bool:
+        assert proc.poll() is None, out.read_text()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, timeout=30, what="the dashboard to listen")
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        kill_home_processes(world.home)
