@@ -6,14 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import wait_for
 from fednet import Net, Node, cli_env
 from test_federation_gang import (
@@ -24,20 +22,13 @@ from test_federation_gang import (
     experiment,
     net,  # noqa: F401  (the fixture)
     ns_pids,
+    pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
     submit,
     trial_log,
     two_nodes,
     wait_end,
 )
-
-pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
-    ),
-    pytest.mark.slow,
-]
-
 
 CLI = [sys.executable, "-m", "det_local.cli.main"]
 

@@ -5,8 +5,6 @@ again; the trial goes on without a requeue and completes, placed once. In networ
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -20,19 +18,13 @@ from test_federation_gang import (
     exp_state,
     experiment,
     net,  # noqa: F401  (the fixture)
+    pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
     submit,
     trial_log,
     two_nodes,
     wait_end,
 )
-
-pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
-    ),
-    pytest.mark.slow,
-]
 
 
 def restart_daemon_only(node: Node) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,18 +28,12 @@ from test_federation_gang import (
     db,
     exp_state,
     ns_pids,
+    pytestmark,  # noqa: F401  (root, iproute2; slow)
     submit,
     trial_log,
     two_nodes,
     wait_end,
 )
-
-pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
-    ),
-    pytest.mark.slow,
-]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BATCHES = 12  # 1.5 epochs of 8 batches
