@@ -39,10 +39,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from det_local.errors import TrialError
-from det_local.sched import cgroups, executor
+from det_local.sched import cgroups, executor, zygotes
 from det_local.sched import slots as hardware
 from det_local.sched.plan import LaunchPlan
 from det_local.store.jobs import JobRecord
@@ -121,11 +122,15 @@ class LocalLauncher:
         self.note = note
         # how jobs are contained: detected at start (it creates this home's cgroup subtree)
         self.containment = cgroups.Containment(cgroups.OFF, "the engine has not started")
+        # warm starts (`sched/zygotes.py`): None when the daemon's switch turns them off
+        self.zygotes = zygotes.ZygotePool(paths, note) if zygotes.daemon_enabled() else None
 
     def start(self) -> None:
         self.containment = cgroups.detect(self.paths.home, self.cgroup_setting)
 
     def stop(self) -> None:
+        if self.zygotes is not None:
+            self.zygotes.stop_all()
         self.containment.remove_base()  # when no job runs on in it
 
     # ------------------------------------------------------------------ rules 1, 2
@@ -143,13 +148,17 @@ class LocalLauncher:
                 "`det-local daemon status` shows the containment mode (cgroups: false in "
                 "daemon.yaml turns it off)"
             ) from None
+        legacy = self.paths.legacy_job_exit_file(job.id, job.run_id)
         try:
+            warm = self._fork(job, plan, exit_file, legacy, cgroup)
+            if warm is not None:
+                return warm
             proc = executor.spawn(
                 job.id,
                 plan,
                 exit_file,
                 cgroup=cgroup,
-                legacy_exit_file=self.paths.legacy_job_exit_file(job.id, job.run_id),
+                legacy_exit_file=legacy,
             )
         except BaseException:
             if cgroup is not None:
@@ -157,6 +166,22 @@ class LocalLauncher:
             raise
         proc.started = executor.start_time(proc.pid) or time.time()
         return proc
+
+    def _fork(
+        self,
+        job: JobRecord,
+        plan: LaunchPlan,
+        exit_file: Path,
+        legacy: Path,
+        cgroup: cgroups.JobCgroup | None,
+    ) -> executor.JobProc | None:
+        """The run forked from its experiment's zygote (a warm start); None: spawn it cold."""
+        if self.zygotes is None or job.trial_id is None:
+            return None
+        spec = zygotes.warm_spec(plan)
+        if not isinstance(spec, zygotes.WarmSpec):
+            return None
+        return self.zygotes.fork(job.id, plan, spec, exit_file, legacy, cgroup)
 
     def _contains(self, plan: LaunchPlan) -> bool:
         """Whether this run gets a cgroup: with `cgroups: auto`, a run that crosses a trust

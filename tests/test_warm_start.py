@@ -1,0 +1,215 @@
+"""Warm trial starts (`sched/zygotes.py`, `trial/zygote.py`): the trials of a search after the
+first are forked from a zygote that has imported torch, and see exactly what a cold trial sees."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from conftest import Env, wait_for
+
+# Writes what the trial sees to OUT/<trial id>.json, reports once. The first trial waits (bounded)
+# for the zygote to be ready, so that the later ones are forked from it.
+SCRIPT = r"""
+import sys
+warm = "torch" in sys.modules  # preloaded: a warm start
+import json, os, sys, threading, time
+import torch
+import determined as det
+
+home = os.environ["DET_LOCAL_HOME"]
+trial_id = int(os.environ["DET_TRIAL_ID"])
+# WAIT_ZYGOTE: "trial:zygote dir,...": that trial waits until that zygote is ready
+gates = dict(item.split(":") for item in os.environ.get("WAIT_ZYGOTE", "").split(",") if item)
+zdir = os.path.join(home, "run", "z", gates.get(str(trial_id), "-"))
+deadline = time.monotonic() + 60
+while str(trial_id) in gates and not os.path.exists(os.path.join(zdir, "s")):
+    assert time.monotonic() < deadline, "no zygote"
+    time.sleep(0.05)
+if os.environ.get("KILL_ZYGOTE") == str(trial_id):
+    with open(os.path.join(zdir, "log")) as f:
+        os.kill(int(f.read().split("ready (pid ")[1].split(",")[0]), 9)
+leaked = getattr(torch, "_det_local_leak", None)
+torch._det_local_leak = trial_id
+with open("/proc/self/cgroup") as f:
+    cgroup = f.read()
+facts = {
+    "warm": warm,
+    "env": {k: v for k, v in os.environ.items()},
+    "cwd": os.getcwd(),
+    "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
+    "pgid": os.getpgid(0),
+    "sid": os.getsid(0),
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "main": __name__,
+    "umask": os.umask(0o022),
+    "cgroup_is_job": "job-" in cgroup or "det-local" not in cgroup,
+    "leaked": leaked,
+    "threads": torch.get_num_threads(),
+    "cuda_init": torch.cuda.is_initialized(),
+    "stdin_tty": os.isatty(0),
+}
+out = os.environ["OUT"]
+with open(os.path.join(out, f"{trial_id}.json"), "w") as f:
+    json.dump(facts, f)
+with det.core.init() as core:
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": float(trial_id)})
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+"""
+
+PER_TRIAL = {
+    "DET_LOCAL_TOKEN",
+    "DET_LOCAL_INFO_DIR",
+    "DET_LOCAL_TENSORBOARD_DIR",
+    "DET_TASK_ID",
+    "DET_ALLOCATION_ID",
+    "DET_TRIAL_ID",
+    "DET_TRIAL_RUN_ID",
+    "DET_TRIAL_SEED",
+    "DET_HPARAMS",
+    # the run's ports, chosen free for each run
+    "C10D_PORT",
+    "DTRAIN_SSH_PORT",
+    "INTER_TRAIN_PROCESS_COMM_PORT_1",
+    "INTER_TRAIN_PROCESS_COMM_PORT_2",
+}
+
+
+def _search(dl: Env, out: Path, env: dict[str, str], n: int = 3, **cfg: Any) -> tuple[Path, Path]:
+    variables = [f"OUT={out}", *(f"{k}={v}" for k, v in env.items())]
+    return dl.context(
+        SCRIPT,
+        {
+            "searcher": {
+                "name": "grid",
+                "metric": "loss",
+                "max_length": 1,
+                "max_concurrent_trials": 1,
+            },
+            "hyperparameters": {"x": {"type": "categorical", "vals": list(range(n))}},
+            "environment": {"environment_variables": variables},
+            "resources": {"max_slots": 1},
+            **cfg,
+        },
+    )
+
+
+def _facts(out: Path) -> dict[int, dict[str, Any]]:
+    return {int(p.stem): json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+
+
+def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"})
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    facts = _facts(out)
+    assert sorted(facts) == [1, 2, 3]
+    assert facts[1]["warm"] is False
+    assert facts[2]["warm"] is True and facts[3]["warm"] is True
+    cold = facts[1]
+    for trial_id in (2, 3):
+        warm = facts[trial_id]
+        assert warm["leaked"] is None  # trial 2 set it in its own fork only
+        for key in ("cwd", "ids", "argv", "path0", "main"):
+            assert warm[key] == cold[key], key
+        for key in ("umask", "cgroup_is_job", "threads", "cuda_init", "stdin_tty"):
+            assert warm[key] == cold[key], key
+        same = {k: v for k, v in cold["env"].items() if k not in PER_TRIAL}
+        assert {k: v for k, v in warm["env"].items() if k not in PER_TRIAL} == same
+        assert warm["env"]["DET_TRIAL_ID"] == str(trial_id)
+        assert warm["env"]["DET_LOCAL_TOKEN"] != cold["env"]["DET_LOCAL_TOKEN"]
+        assert set(warm["env"]) == set(cold["env"])
+    assert cold["leaked"] is None
+    # each in its own session, whose process group the daemon signals (the job's recorded pid)
+    pids = {j.trial_id: j.pid for j in dl.jobs()}
+    for trial_id, seen in facts.items():
+        assert seen["pgid"] == seen["sid"] == pids[trial_id]
+    trials = dl.trials(1)
+    assert [t.state.value for t in trials] == ["COMPLETED"] * 3
+
+
+def test_warm_trial_exit_code_reaches_the_daemon(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "EXIT_CODE": "3"}, n=2)
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    facts = _facts(out)
+    assert facts[2]["warm"] is True
+    jobs = {j.trial_id: j for j in dl.jobs()}
+    assert jobs[1].exit_code == jobs[2].exit_code == 3, (r, jobs)
+
+
+def test_failed_preload_starts_cold_with_one_warning(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    cfg, ctx = _search(dl, out, {"DET_LOCAL_PRELOAD": "no_such_module_xyz"})
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    facts = _facts(out)
+    assert [f["warm"] for f in facts.values()] == [False, False, False]
+    events = [e for e in dl.events(1) if "warm starts off" in e]
+    assert len(events) == 1, dl.events(1)
+    assert "cannot preload no_such_module_xyz" in events[0]
+
+
+def test_zygote_killed_next_trial_cold_then_new_zygote(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    # trial 1 waits for zygote 1 and kills it -9: trial 2 starts cold, and waits for the new
+    # zygote; trial 3 is forked from it
+    env = {"WAIT_ZYGOTE": "1:1.1,2:1.2", "KILL_ZYGOTE": "1"}
+    cfg, ctx = _search(dl, out, env, n=3)
+    r = dl.det("run", "-q", cfg, ctx, timeout=240)
+    assert r.rc == 0, r
+    facts = _facts(out)
+    assert [facts[i]["warm"] for i in (1, 2, 3)] == [False, False, True]
+    assert any("its zygote ended" in e for e in dl.events(1)), dl.events(1)
+
+
+def test_single_trial_and_switch_off_stay_cold(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    cfg, ctx = _search(dl, out, {"DET_LOCAL_WARM_START": "off"}, n=2)
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    assert [f["warm"] for f in _facts(out).values()] == [False, False]
+    assert not list((dl.home / "run" / "z").glob("*"))
+
+
+def test_daemon_restart_adopts_no_zygote(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    dl.daemon_start()
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
+    r = dl.det("experiment", "create", cfg, ctx)
+    assert r.rc == 0, r
+    wait_for(lambda: len(_facts(out)) == 2 and len(dl.jobs()) == 0 or _done(dl), timeout=120)
+    socks = list((dl.home / "run" / "z").glob("*/s"))
+    assert len(socks) == 1
+    zygote_pid = _zygote_pid(socks[0])
+    dl.kill_daemon()
+    # its daemon gone, the zygote stops serving and exits: nothing is left to adopt
+    wait_for(lambda: not socks[0].exists(), timeout=30)
+    wait_for(lambda: _gone(zygote_pid), timeout=30)
+
+
+def _done(dl: Env) -> bool:
+    return dl.experiment(1).state.value == "COMPLETED"
+
+
+def _zygote_pid(sock: Path) -> int:
+    log = (sock.parent / "log").read_text()
+    return int(log.split("ready (pid ")[1].split(",")[0])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
