@@ -115,6 +115,7 @@ class Sessions:
         self.run = run
         self.live = True
         self.handled: list[dict[str, Any]] = []
+        self.opened: list[TrialRun] = []
         self.closed: list[TrialRun] = []
 
     def managed_run(self, trial_id: int) -> TrialRun | None:
@@ -128,6 +129,9 @@ class Sessions:
 
     def unmanaged_hello(self, msg: dict[str, Any], writer: Any) -> TrialRun | None:
         return None
+
+    def session_opened(self, run: TrialRun) -> None:
+        self.opened.append(run)
 
     def session_closed(self, run: TrialRun) -> None:
         self.closed.append(run)

@@ -8,7 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Env, wait_for
+
+from det_local.sched.plan import LaunchPlan
+from det_local.sched.zygotes import Cold, WarmSpec, daemon_enabled, warm_spec
 
 # Writes what the trial sees to OUT/<trial id>.json, reports once. The first trial waits (bounded)
 # for the zygote to be ready, so that the later ones are forked from it.
@@ -46,7 +50,7 @@ facts = {
     "path0": sys.path[0],
     "main": __name__,
     "umask": os.umask(0o022),
-    "cgroup_is_job": "job-" in cgroup or "det-local" not in cgroup,
+    "cgroup": cgroup,
     "leaked": leaked,
     "threads": torch.get_num_threads(),
     "cuda_init": torch.cuda.is_initialized(),
@@ -117,7 +121,7 @@ def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
         assert warm["leaked"] is None  # trial 2 set it in its own fork only
         for key in ("cwd", "ids", "argv", "path0", "main"):
             assert warm[key] == cold[key], key
-        for key in ("umask", "cgroup_is_job", "threads", "cuda_init", "stdin_tty"):
+        for key in ("umask", "threads", "cuda_init", "stdin_tty"):
             assert warm[key] == cold[key], key
         same = {k: v for k, v in cold["env"].items() if k not in PER_TRIAL}
         assert {k: v for k, v in warm["env"].items() if k not in PER_TRIAL} == same
@@ -131,6 +135,36 @@ def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
         assert seen["pgid"] == seen["sid"] == pids[trial_id]
     trials = dl.trials(1)
     assert [t.state.value for t in trials] == ["COMPLETED"] * 3
+    # how long each took to start: an event, a line in its log, a summary in describe
+    starts = [e for e in dl.events(1) if " started " in e]
+    assert len(starts) == 3, starts
+    assert "trial 1: started cold in " in dl.log(1, 1)
+    for trial_id in (2, 3):
+        assert f"trial {trial_id}: started warm in " in dl.log(1, trial_id)
+    r = dl.det("experiment", "describe", "1")
+    assert r.rc == 0, r
+    line = next(ln for ln in r.out.splitlines() if ln.strip().startswith("Trial start: "))
+    assert "2 warm (p50 " in line and "1 cold (p50 " in line, line
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1"])
+def test_warm_trial_runs_in_its_jobs_cgroup(dl: Env, mode: str) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    dl.setenv(DET_LOCAL_CGROUPS=mode)
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    facts = _facts(out)
+    jobs = {j.trial_id: j for j in dl.jobs()}
+    if f"job-{jobs[1].id}-" not in facts[1]["cgroup"]:
+        pytest.skip(f"no cgroup {mode} containment here")
+    assert facts[2]["warm"] is True
+    for trial_id, seen in facts.items():
+        job = jobs[trial_id]
+        mine = [ln for ln in seen["cgroup"].splitlines() if f"/job-{job.id}-{job.run_id}" in ln]
+        cold = [ln for ln in facts[1]["cgroup"].splitlines() if f"/job-{jobs[1].id}-" in ln]
+        assert len(mine) == len(cold) > 0, (seen["cgroup"], facts[1]["cgroup"])
 
 
 def test_warm_trial_exit_code_reaches_the_daemon(dl: Env) -> None:
@@ -213,3 +247,70 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def test_shell_entrypoint_starts_cold_said_once(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    cfg, ctx = _search(dl, out, {}, n=2, entrypoint="python3 train.py && true")
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    assert [f["warm"] for f in _facts(out).values()] == [False, False]
+    said = [e for e in dl.events(1) if "start cold" in e]
+    assert said == ["experiment 1: its trials start cold: the entrypoint uses shell syntax"]
+
+
+# ---------------------------------------------------------------------------- the plan alone
+def _plan(tmp: Path, entrypoint: Any, searcher: str = "grid", **env: str) -> LaunchPlan:
+    (tmp / "train.py").write_text(
+        "import os\nimport torch.nn as nn\nfrom numpy import ones\nimport helper\n"
+        "from . import x\nif True:\n    import json\n"
+    )
+    (tmp / "helper.py").write_text("")
+    config = {"entrypoint": entrypoint, "searcher": {"name": searcher}}
+    return LaunchPlan(
+        argv=["sh", "-c", "x"],
+        env={"DET_EXPERIMENT_ID": "7", "DET_EXPERIMENT_CONFIG": json.dumps(config), **env},
+        cwd=str(tmp),
+        user="u",
+        slots=[0],
+        log_path=str(tmp / "log"),
+        info_dir=str(tmp),
+    )
+
+
+def test_warm_spec_preloads_the_scripts_top_level_imports(tmp_path: Path) -> None:
+    spec = warm_spec(_plan(tmp_path, "python3 train.py --lr 1", DET_LOCAL_PRELOAD="scipy, x"))
+    assert isinstance(spec, WarmSpec)
+    assert spec.argv == ["python3", "train.py", "--lr", "1"]
+    # absolute top-level imports, not the context's own modules, then determined and the extras
+    assert spec.preload == ("os", "torch", "numpy", "determined", "scipy", "x")
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "searcher", "env", "why", "quiet"),
+    [
+        ("python3 train.py", "single", {}, "a single-trial experiment (not a search)", True),
+        ("python3 train.py", "grid", {"DET_LOCAL_WARM_START": "off"}, "is off", True),
+        ("python3 train.py | tee x", "grid", {}, "the entrypoint uses shell syntax", False),
+        ("torchrun train.py", "grid", {}, "the entrypoint is not `python script.py`", False),
+        (["python3", "train.py"], "grid", {}, "not a plain `python script.py` string", False),
+        ("python3 missing.py", "grid", {}, "its script missing.py is not a file", False),
+    ],
+)
+def test_warm_spec_says_why_cold(
+    tmp_path: Path, entrypoint: Any, searcher: str, env: dict[str, str], why: str, quiet: bool
+) -> None:
+    cold = warm_spec(_plan(tmp_path, entrypoint, searcher, **env))
+    assert isinstance(cold, Cold)
+    assert why in cold.why and cold.quiet is quiet
+
+
+def test_single_trial_forced_warm_by_the_experiment(tmp_path: Path) -> None:
+    spec = warm_spec(_plan(tmp_path, "python3 train.py", "single", DET_LOCAL_WARM_START="1"))
+    assert isinstance(spec, WarmSpec)
+
+
+def test_daemon_switch() -> None:
+    assert daemon_enabled({}) and daemon_enabled({"DET_LOCAL_WARM_STARTS": "1"})
+    assert not daemon_enabled({"DET_LOCAL_WARM_STARTS": "off"})

@@ -24,6 +24,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -482,6 +483,7 @@ class Engine:
             self._trial_failed_to_start(exp, trial_id, str(err))
             return
         self.runs[trial_id] = run  # before the spawn: a fast trial may connect at once
+        run.spawned_at = time.monotonic()
         try:
             proc = self.supervisor.spawn(job, plan)
         except DetLocalError as err:
@@ -490,6 +492,7 @@ class Engine:
             self._trial_failed_to_start(exp, trial_id, f"trial {trial_id}: {err}")
             return
         run.pid = proc.pid
+        run.warm = bool(getattr(proc, "forked", False))
 
     def start_command(self, job: JobRecord) -> None:
         self.commands.start(job)
@@ -728,6 +731,18 @@ class Engine:
 
     def unmanaged_hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
         return unmanaged.hello(self, msg, writer)
+
+    def session_opened(self, run: TrialRun) -> None:
+        """A run said hello: the first time, how long it took to start (an event, and a line
+        in the trial's log)."""
+        if run.greeted or run.spawned_at is None:
+            return
+        run.greeted = True
+        from det_local.sched import trialstarts
+
+        message = trialstarts.line(run.trial_id, run.warm, time.monotonic() - run.spawned_at)
+        self.note(message, experiment_id=run.experiment_id, trial_id=run.trial_id, echo=False)
+        self.trials.append_log(run, f"det-local: {message}")
 
     def session_closed(self, run: TrialRun) -> None:
         if run.trial_id in self.unmanaged:

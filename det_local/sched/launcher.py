@@ -179,7 +179,9 @@ class LocalLauncher:
         if self.zygotes is None or job.trial_id is None:
             return None
         spec = zygotes.warm_spec(plan)
-        if not isinstance(spec, zygotes.WarmSpec):
+        if isinstance(spec, zygotes.Cold):
+            if job.experiment_id is not None:
+                self.zygotes.cold(job.experiment_id, spec)
             return None
         return self.zygotes.fork(job.id, plan, spec, exit_file, legacy, cgroup)
 

@@ -138,6 +138,8 @@ class Sessions(Protocol):
         self, msg: dict[str, Any], writer: asyncio.StreamWriter
     ) -> TrialRun | None: ...
 
+    def session_opened(self, run: TrialRun) -> None: ...
+
     def session_closed(self, run: TrialRun) -> None: ...
 
     def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any: ...
@@ -301,6 +303,7 @@ class TrialServer:
             return None
         run.writers.append(writer)
         send(writer, {"t": "hello", "preempt": run.preempt_sent})
+        self.sessions.session_opened(run)
         return run
 
     def refuse(self, uid: int, run: TrialRun | None, what: str, why: str) -> None:

@@ -8,10 +8,15 @@ daemon's environment ``DET_LOCAL_WARM_STARTS``, default on; 0/false/off turns th
 the experiment (``DET_LOCAL_WARM_START`` in its ``environment_variables``: 1/on forces them on,
 0/off off; unset means on for searches, i.e. a searcher other than ``single``); the entrypoint is
 a plain ``python[3] script.py [args]`` string (no shell syntax, no launcher, no startup hook,
-which could change the environment). What is preloaded: the absolute top-level imports of the
-entrypoint script that are not the context's own modules (found with ``ast``, never by running
-it), plus ``determined``, plus ``DET_LOCAL_PRELOAD`` (comma-separated) from the experiment's
-environment variables.
+which could change the environment); the trial runs as the daemon's own user (a root daemon's
+trial of another user starts cold for now: the zygote would be started through the same
+setpriv path as the trial, as that user, but that is not verified by a test yet). A search's
+trial that cannot be forked says why once per experiment (an event).
+
+What is preloaded: the absolute top-level imports of the entrypoint script that are not the
+context's own modules (found with ``ast``, never by running it), plus ``determined``, plus
+``DET_LOCAL_PRELOAD`` (comma-separated) from the experiment's environment variables. Imports
+inside functions or ``if`` blocks are left to the trial.
 
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
@@ -64,25 +69,45 @@ class WarmSpec:
     key: str = field(repr=False)
 
 
+@dataclass(frozen=True)
+class Cold:
+    """Why a trial starts cold; ``quiet``: by choice (not a search, switched off), not noted."""
+
+    why: str
+    quiet: bool = False
+
+
 def daemon_enabled(environ: dict[str, str] | None = None) -> bool:
     value = (environ if environ is not None else os.environ).get(DAEMON_SWITCH, "")
     return value.strip().lower() not in _OFF
 
 
-def warm_spec(plan: LaunchPlan) -> WarmSpec | str:
+def warm_spec(plan: LaunchPlan) -> WarmSpec | Cold:
     """The trial's warm start, or why it starts cold (one line)."""
     env = plan.env
     switch = env.get(EXPERIMENT_SWITCH, "").strip().lower()
     if switch in _OFF:
-        return f"{EXPERIMENT_SWITCH} is off for this experiment"
+        return Cold(f"{EXPERIMENT_SWITCH} is off for this experiment", quiet=True)
     try:
         config = json.loads(env.get("DET_EXPERIMENT_CONFIG", "{}"))
         experiment_id = int(env["DET_EXPERIMENT_ID"])
     except (ValueError, KeyError):
-        return "not a trial"
+        return Cold("not a trial", quiet=True)
     searcher = (config.get("searcher") or {}).get("name", "single")
     if switch not in _ON and searcher == "single":
-        return "a single-trial experiment (not a search)"
+        return Cold("a single-trial experiment (not a search)", quiet=True)
+    why = _cold_reason(plan, config)
+    if why is not None:
+        return Cold(why)
+    return _spec(plan, experiment_id, str(config["entrypoint"]))
+
+
+def _cold_reason(plan: LaunchPlan, config: dict[str, object]) -> str | None:
+    """Why a search's trial cannot be forked (None: it can)."""
+    if plan.uid is not None and plan.uid != os.geteuid():
+        # the zygote would run as that user through setpriv like a trial, but this is not
+        # verified yet: the test users cannot run this machine's Python
+        return "it runs as another user than the daemon's (warm starts are not verified there)"
     entrypoint = config.get("entrypoint")
     if not isinstance(entrypoint, str):
         return "the entrypoint is not a plain `python script.py` string"
@@ -93,11 +118,19 @@ def warm_spec(plan: LaunchPlan) -> WarmSpec | str:
     words = shlex.split(entrypoint)
     if len(words) < 2 or not _PYTHON.match(words[0]) or not words[1].endswith(".py"):
         return "the entrypoint is not `python script.py` (a launcher or another program)"
+    if not (Path(plan.cwd) / words[1]).is_file():
+        return f"its script {words[1]} is not a file of the context"
+    return None
+
+
+def _spec(plan: LaunchPlan, experiment_id: int, entrypoint: str) -> WarmSpec | Cold:
+    env = plan.env
+    words = shlex.split(entrypoint)
     script = Path(plan.cwd) / words[1]
     try:
         source = script.read_bytes()
     except OSError as err:
-        return f"cannot read {script}: {err.strerror}"
+        return Cold(f"cannot read {script}: {err.strerror}")
     extra = [m.strip() for m in env.get(PRELOAD_VAR, "").split(",") if m.strip()]
     modules = tuple(dict.fromkeys([*top_imports(source, Path(plan.cwd)), *ALWAYS, *extra]))
     stable = {
@@ -146,6 +179,7 @@ class ZygotePool:
         self.note = note
         self.zygotes: dict[int, Zygote] = {}  # experiment id -> its zygote
         self.failed: dict[str, str] = {}  # key -> why its zygote cannot serve (noted once)
+        self.cold_noted: set[int] = set()  # experiments whose trials were said to start cold
         self.serial = 0
 
     # ------------------------------------------------------------------ starting
@@ -198,6 +232,16 @@ class ZygotePool:
                 experiment_id=spec.experiment_id,
                 level="WARNING",
             )
+
+    def cold(self, experiment_id: int, cold: Cold) -> None:
+        """A search's trial that cannot be forked: why, once per experiment."""
+        if cold.quiet or experiment_id in self.cold_noted:
+            return
+        self.cold_noted.add(experiment_id)
+        self.note(
+            f"experiment {experiment_id}: its trials start cold: {cold.why}",
+            experiment_id=experiment_id,
+        )
 
     # ------------------------------------------------------------------ forking
     def fork(
