@@ -130,8 +130,9 @@ class Sessions:
     def unmanaged_hello(self, msg: dict[str, Any], writer: Any) -> TrialRun | None:
         return None
 
-    def session_opened(self, run: TrialRun) -> None:
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None:
         self.opened.append(run)
+        return None
 
     def session_closed(self, run: TrialRun) -> None:
         self.closed.append(run)

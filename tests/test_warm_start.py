@@ -108,7 +108,7 @@ def _facts(out: Path) -> dict[int, dict[str, Any]]:
 def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
     out = dl.tmp / "out"
     out.mkdir()
-    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"})
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "DET_LOCAL_METRIC_LINES": "1"})
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
     facts = _facts(out)
@@ -136,11 +136,13 @@ def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
     trials = dl.trials(1)
     assert [t.state.value for t in trials] == ["COMPLETED"] * 3
     # how long each took to start: an event, a line in its log, a summary in describe
-    starts = [e for e in dl.events(1) if " started " in e]
-    assert len(starts) == 3, starts
-    assert "trial 1: started cold in " in dl.log(1, 1)
+    store = dl.store()
+    starts = store.list_trial_starts(1)
+    store.close()
+    assert [(t, r, warm) for t, r, warm, _ in starts] == [(1, 1, False), (2, 1, True), (3, 1, True)]
+    assert "det-local: trial 1 started cold in " in dl.log(1, 1)
     for trial_id in (2, 3):
-        assert f"trial {trial_id}: started warm in " in dl.log(1, trial_id)
+        assert f"det-local: trial {trial_id} started warm in " in dl.log(1, trial_id)
     r = dl.det("experiment", "describe", "1")
     assert r.rc == 0, r
     line = next(ln for ln in r.out.splitlines() if ln.strip().startswith("Trial start: "))

@@ -131,7 +131,7 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     ]
     from det_local.sched.trialstarts import summary
 
-    starts = summary(message for *_, message in store.list_events(experiment_id))
+    starts = summary((warm, s) for _, _, warm, s in store.list_trial_starts(experiment_id))
     if starts:
         fields.append(("Trial start", starts))
     from det_local.tables import wrap_lines

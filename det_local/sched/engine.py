@@ -732,17 +732,15 @@ class Engine:
     def unmanaged_hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
         return unmanaged.hello(self, msg, writer)
 
-    def session_opened(self, run: TrialRun) -> None:
-        """A run said hello: the first time, how long it took to start (an event, and a line
-        in the trial's log)."""
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None:
+        """A run said hello: the first time, how long it took to start, recorded and told to
+        the trial (which says it in its log); None after that."""
         if run.greeted or run.spawned_at is None:
-            return
+            return None
         run.greeted = True
-        from det_local.sched import trialstarts
-
-        message = trialstarts.line(run.trial_id, run.warm, time.monotonic() - run.spawned_at)
-        self.note(message, experiment_id=run.experiment_id, trial_id=run.trial_id, echo=False)
-        self.trials.append_log(run, f"det-local: {message}")
+        seconds = time.monotonic() - run.spawned_at
+        self.store.add_trial_start(run.experiment_id, run.trial_id, run.run_id, run.warm, seconds)
+        return {"warm": run.warm, "seconds": round(seconds, 4)}
 
     def session_closed(self, run: TrialRun) -> None:
         if run.trial_id in self.unmanaged:

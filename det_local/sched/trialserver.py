@@ -138,7 +138,7 @@ class Sessions(Protocol):
         self, msg: dict[str, Any], writer: asyncio.StreamWriter
     ) -> TrialRun | None: ...
 
-    def session_opened(self, run: TrialRun) -> None: ...
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None: ...
 
     def session_closed(self, run: TrialRun) -> None: ...
 
@@ -302,8 +302,11 @@ class TrialServer:
             send(writer, {"t": "hello", "error": why})
             return None
         run.writers.append(writer)
-        send(writer, {"t": "hello", "preempt": run.preempt_sent})
-        self.sessions.session_opened(run)
+        started = self.sessions.session_opened(run)  # how long it took to start, the first time
+        answer: dict[str, Any] = {"t": "hello", "preempt": run.preempt_sent}
+        if started is not None:
+            answer["started"] = started
+        send(writer, answer)
         return run
 
     def refuse(self, uid: int, run: TrialRun | None, what: str, why: str) -> None:

@@ -168,23 +168,6 @@ class TrialStarter:
         )
         return plan, run
 
-    def append_log(self, run: TrialRun, line: str) -> None:
-        """One line of the daemon's at the end of the trial's log (the trial's user's file,
-        opened as `executor.spawn` opens it: never through a link, never another user's)."""
-        log = self.paths.trial_log(run.experiment_id, run.trial_id)
-        job = self.store.jobs.peek(run.job_id)
-        owner = userfiles.owner_for(identity_of(job.uid), job.umask, self.admin_group)
-        try:
-            fd = userfiles.open_log(log, owner)
-        except (OSError, DetLocalError):
-            return  # the trial's own output is what matters; the event has the line too
-        try:
-            os.write(fd, (line + "\n").encode())
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
     # ------------------------------------------------------------------ where it resumes
     def resume_point(self, trial_id: int) -> tuple[str | None, int]:
         """(checkpoint uuid, steps_completed) a new run starts from."""
