@@ -59,6 +59,9 @@ facts = {
 out = os.environ["OUT"]
 with open(os.path.join(out, f"{trial_id}.json"), "w") as f:
     json.dump(facts, f)
+while os.environ.get("GATE") == str(trial_id) and not os.path.exists(os.path.join(out, "gate")):
+    assert time.monotonic() < deadline + 60, "no gate"
+    time.sleep(0.05)
 with det.core.init() as core:
     core.train.report_training_metrics(steps_completed=1, metrics={"loss": float(trial_id)})
 sys.exit(int(os.environ.get("EXIT_CODE", "0")))
@@ -221,17 +224,37 @@ def test_daemon_restart_adopts_no_zygote(dl: Env) -> None:
     out = dl.tmp / "out"
     out.mkdir()
     dl.daemon_start()
-    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "GATE": "2"}, n=2)
     r = dl.det("experiment", "create", cfg, ctx)
     assert r.rc == 0, r
-    wait_for(lambda: len(_facts(out)) == 2 and len(dl.jobs()) == 0 or _done(dl), timeout=120)
-    socks = list((dl.home / "run" / "z").glob("*/s"))
-    assert len(socks) == 1
-    zygote_pid = _zygote_pid(socks[0])
+    wait_for(lambda: len(_facts(out)) == 2, timeout=120, what="trial 2 to run")
+    assert _facts(out)[2]["warm"] is True
+    sock = dl.home / "run" / "z" / "1.1" / "s"
+    zygote_pid = _zygote_pid(sock)
     dl.kill_daemon()
-    # its daemon gone, the zygote stops serving and exits: nothing is left to adopt
-    wait_for(lambda: not socks[0].exists(), timeout=30)
-    wait_for(lambda: _gone(zygote_pid), timeout=30)
+    # its daemon gone, the zygote serves no more, but stays to record its running trial's exit
+    wait_for(lambda: not sock.exists(), timeout=30, what="the zygote to stop serving")
+    assert not _gone(zygote_pid)
+    # a new daemon adopts trial 2's run, its exit status recorded by the zygote; no zygote
+    dl.daemon_start()
+    (out / "gate").touch()
+    wait_for(lambda: _done(dl), timeout=60, what="the experiment to complete")
+    wait_for(lambda: _gone(zygote_pid), timeout=60, what="the old zygote to exit")
+    assert [t.state.value for t in dl.trials(1)] == ["COMPLETED", "COMPLETED"]
+    assert {j.trial_id: j.exit_code for j in dl.jobs()} == {1: 0, 2: 0}
+    assert [p.name for p in (dl.home / "run" / "z").iterdir()] == ["1.1"]
+
+
+def test_zygote_stops_when_its_experiment_ends(dl: Env) -> None:
+    out = dl.tmp / "out"
+    out.mkdir()
+    dl.daemon_start()
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
+    assert dl.det("experiment", "create", cfg, ctx).rc == 0
+    wait_for(lambda: _done(dl), timeout=120, what="the experiment to complete")
+    assert _facts(out)[2]["warm"] is True
+    zygote_pid = _zygote_pid(dl.home / "run" / "z" / "1.1" / "s")
+    wait_for(lambda: _gone(zygote_pid), timeout=30, what="the zygote to exit")
 
 
 def _done(dl: Env) -> bool:

@@ -388,6 +388,11 @@ class Engine:
                 groups[f"exp:{exp.id}"] = int(cap)
         return groups
 
+    def experiment_stopped(self, experiment_id: int) -> None:
+        """No trial of the experiment runs now (it ended or paused): what the launcher keeps
+        for it goes (its zygote, `sched/zygotes.py`)."""
+        self.supervisor.launcher.experiment_stopped(experiment_id)
+
     def save_searcher(self, exp: ExperimentRun) -> None:
         self.store.set_searcher_state(exp.id, searcher_snapshot(exp))
 

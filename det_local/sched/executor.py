@@ -301,8 +301,7 @@ def exit_code(proc: JobProc) -> int | None:
         return proc.popen.poll()
     if is_alive(proc.pid):
         return None
-    if proc.forked:
-        _await_reaped(proc.pid)
+    _await_reaped(proc.pid)  # a warm trial (adopted too): its zygote records it, then reaps it
     code, proc.problem = exit_status(proc.exit_file, proc.legacy_exit_file, proc.uid)
     return -signal.SIGKILL if code is None else code
 
@@ -311,9 +310,10 @@ FORK_REAP_S = 1.0  # how long a warm trial's zygote may take to record its statu
 
 
 def _await_reaped(pid: int) -> None:
-    """A warm trial's zygote writes its exit status before it reaps it (waitid WNOWAIT): once
-    the pid is gone, the status is there. Bounded: a zygote that was killed meanwhile leaves the
-    child to init, which reaps it at once."""
+    """A process that is not our child has ended (a zombie): wait until its parent has reaped
+    it. A warm trial's zygote writes its exit status before it reaps it (waitid WNOWAIT), so
+    once the pid is gone the status is there; an adopted wrapper's parent is init, which reaps
+    at once. Bounded: a zygote killed meanwhile leaves the child to init too."""
     deadline = time.monotonic() + FORK_REAP_S
     while time.monotonic() < deadline:
         try:

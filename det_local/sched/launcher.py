@@ -30,7 +30,9 @@ Rules of a :class:`Launcher`:
    status when known, whether it was started at all), with what it left killed first.
    ``adopt`` never starts anything. ``cleanup(live)`` then removes what runs that are not in
    ``live`` (their :meth:`run_key`) left behind.
-7. **Bounded.** No method blocks for long: the engine's event loop runs them.
+7. **Per experiment.** ``experiment_stopped(id)``: no run of that experiment runs now (it
+   ended or paused); what the launcher keeps for it (a zygote, `sched/zygotes.py`) goes.
+8. **Bounded.** No method blocks for long: the engine's event loop runs them.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class Launcher(Protocol):
     def run_key(self, job: JobRecord) -> str: ...
 
     def cleanup(self, live: set[str]) -> None: ...
+
+    def experiment_stopped(self, experiment_id: int) -> None: ...
 
     def where(self, handle: RunHandle) -> str: ...
 
@@ -279,6 +283,10 @@ class LocalLauncher:
             executor.exit_status(exit_file, legacy, job.uid) if spawned else (None, None)
         )
         return Lost(code, spawned, problem, found_pid, found_at)
+
+    def experiment_stopped(self, experiment_id: int) -> None:
+        if self.zygotes is not None:
+            self.zygotes.stop(experiment_id)
 
     def cleanup(self, live: set[str]) -> None:
         for cgroup in self.containment.leftovers(keep=live):  # runs that ended meanwhile

@@ -180,14 +180,13 @@ class ZygotePool:
         self.zygotes: dict[int, Zygote] = {}  # experiment id -> its zygote
         self.failed: dict[str, str] = {}  # key -> why its zygote cannot serve (noted once)
         self.cold_noted: set[int] = set()  # experiments whose trials were said to start cold
+        self.stopping: list[executor.JobProc] = []  # stopped zygotes' wrappers, to be reaped
         self.serial = 0
 
     # ------------------------------------------------------------------ starting
     def start(self, spec: WarmSpec, plan: LaunchPlan) -> None:
         """Start the experiment's zygote for this key (replacing one with another key)."""
-        old = self.zygotes.pop(spec.experiment_id, None)
-        if old is not None:
-            _stop(old)
+        self.stop(spec.experiment_id)
         self.serial += 1
         zdir = self.paths.run_dir / "z" / f"{spec.experiment_id}.{self.serial}"
         sock = zdir / "s"
@@ -256,6 +255,7 @@ class ZygotePool:
         """The trial forked from its experiment's zygote, in its cgroup, as a JobProc the
         supervisor watches like a spawned one; None: start it cold (a zygote is started for
         the next trial where there is none)."""
+        self.reap()
         if spec.key in self.failed:
             return None
         zygote = self.zygotes.get(spec.experiment_id)
@@ -350,19 +350,24 @@ class ZygotePool:
 
     # ------------------------------------------------------------------ stopping
     def stop(self, experiment_id: int) -> None:
+        """SIGTERM the experiment's zygote: it stops accepting, waits for the trials it forked
+        (recording their exit statuses), and exits; its wrapper is reaped later (`reap`)."""
+        self.reap()
         zygote = self.zygotes.pop(experiment_id, None)
         if zygote is not None:
-            _stop(zygote)
+            executor.signal_group(zygote.proc.pid, 15)
+            self.stopping.append(zygote.proc)
+
+    def reap(self) -> None:
+        """Reap the wrappers of stopped zygotes that have exited (no zombies left behind)."""
+        for proc in list(self.stopping):
+            if executor.exit_code(proc) is not None:
+                executor.close(proc)
+                self.stopping.remove(proc)
 
     def stop_all(self) -> None:
         for experiment_id in list(self.zygotes):
             self.stop(experiment_id)
-
-
-def _stop(zygote: Zygote) -> None:
-    """SIGTERM: it stops accepting, waits for the trials it forked, and exits."""
-    executor.signal_group(zygote.proc.pid, 15)
-    executor.close(zygote.proc)
 
 
 def _current_umask() -> int:
