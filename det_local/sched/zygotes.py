@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -133,16 +134,26 @@ def _spec(plan: LaunchPlan, experiment_id: int, entrypoint: str) -> WarmSpec | C
         return Cold(f"cannot read {script}: {err.strerror}")
     extra = [m.strip() for m in env.get(PRELOAD_VAR, "").split(",") if m.strip()]
     modules = tuple(dict.fromkeys([*top_imports(source, Path(plan.cwd)), *ALWAYS, *extra]))
-    stable = {
-        k: v
-        for k, v in sorted(env.items())
-        if not k.startswith("DET_") and k not in PER_TRIAL and k not in plan.ports
-    }
+    stable = stable_env(plan)
     key = json.dumps(
         [experiment_id, plan.uid, plan.gid, plan.groups, plan.umask, plan.cwd, words[0], stable]
         + [list(modules)]
     )
     return WarmSpec(experiment_id, words, modules, key)
+
+
+def stable_env(plan: LaunchPlan) -> dict[str, str]:
+    """The part of a trial's environment its experiment's other trials share: the zygote's own
+    environment (and its key). Not the run's ids, token, hyperparameters, devices or ports: a
+    zygote holds nothing of one trial (/proc/PID/environ of a warm trial shows this, not the
+    trial's own variables, which its os.environ has)."""
+    return {
+        k: v
+        for k, v in sorted(plan.env.items())
+        if (not k.startswith("DET_") or k == "DET_LOCAL_HOME")
+        and k not in PER_TRIAL
+        and k not in plan.ports
+    }
 
 
 def top_imports(source: bytes, context: Path) -> list[str]:
@@ -180,7 +191,7 @@ class ZygotePool:
         self.zygotes: dict[int, Zygote] = {}  # experiment id -> its zygote
         self.failed: dict[str, str] = {}  # key -> why its zygote cannot serve (noted once)
         self.cold_noted: set[int] = set()  # experiments whose trials were said to start cold
-        self.stopping: list[executor.JobProc] = []  # stopped zygotes' wrappers, to be reaped
+        self.stopping: list[Zygote] = []  # stopped zygotes, to be reaped
         self.serial = 0
 
     # ------------------------------------------------------------------ starting
@@ -189,6 +200,9 @@ class ZygotePool:
         self.stop(spec.experiment_id)
         self.serial += 1
         zdir = self.paths.run_dir / "z" / f"{spec.experiment_id}.{self.serial}"
+        while os.path.lexists(zdir):  # left by an earlier daemon (its zygote is not adopted)
+            self.serial += 1
+            zdir = zdir.with_name(f"{spec.experiment_id}.{self.serial}")
         sock = zdir / "s"
         if len(str(sock)) > SOCKET_MAX:
             self._fail(spec, f"its socket path {sock} is too long for a unix socket")
@@ -198,7 +212,7 @@ class ZygotePool:
         zdir.mkdir(mode=0o700)
         if owner is not None:
             os.chown(zdir, owner.uid, owner.gid)
-        env = {k: v for k, v in plan.env.items() if k != "DET_LOCAL_TOKEN"}
+        env = stable_env(plan)
         zplan = replace(
             plan,
             argv=[
@@ -270,17 +284,22 @@ class ZygotePool:
         return self._request(job_id, plan, spec, zygote, exit_file, legacy_exit_file, cgroup)
 
     def _ended(self, spec: WarmSpec, zygote: Zygote, plan: LaunchPlan) -> None:
+        """The experiment's zygote is gone: said once why it cannot serve (it exited with a
+        reason), else this trial starts cold and a new zygote is started for the next."""
         code = zygote.proc.code if zygote.proc.code is not None else executor.exit_code(zygote.proc)
         del self.zygotes[spec.experiment_id]
         executor.close(zygote.proc)
-        if code in (3, 4, 5):  # it said why it cannot serve: not started again
+        refused = code in (3, 4, 5)
+        if refused:
             self._fail(spec, _last_line(zygote.log, zygote.uid))
-        else:  # killed: the next trial gets a new one
+        elif code != 0:  # killed (0: it stopped, idle)
             self.note(
                 f"experiment {spec.experiment_id}: its zygote ended (status {code}); this "
                 "trial starts cold and a new zygote is started",
                 experiment_id=spec.experiment_id,
             )
+        shutil.rmtree(zygote.log.parent, ignore_errors=True)
+        if not refused:
             self.start(spec, plan)
 
     def _request(
@@ -356,14 +375,16 @@ class ZygotePool:
         zygote = self.zygotes.pop(experiment_id, None)
         if zygote is not None:
             executor.signal_group(zygote.proc.pid, 15)
-            self.stopping.append(zygote.proc)
+            self.stopping.append(zygote)
 
     def reap(self) -> None:
-        """Reap the wrappers of stopped zygotes that have exited (no zombies left behind)."""
-        for proc in list(self.stopping):
-            if executor.exit_code(proc) is not None:
-                executor.close(proc)
-                self.stopping.remove(proc)
+        """Reap the wrappers of stopped zygotes that have exited (no zombies left behind) and
+        remove their directories."""
+        for zygote in list(self.stopping):
+            if executor.exit_code(zygote.proc) is not None:
+                executor.close(zygote.proc)
+                self.stopping.remove(zygote)
+                shutil.rmtree(zygote.log.parent, ignore_errors=True)  # links are not followed
 
     def stop_all(self) -> None:
         for experiment_id in list(self.zygotes):

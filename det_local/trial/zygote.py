@@ -12,10 +12,11 @@ a probe fork has let libraries stop their pools with their own atfork handlers),
 SOCKET (its directory is the user's, mode 0700; the socket 0600) for fork requests, accepted
 only from the daemon's uid (SO_PEERCRED: root or DAEMON_UID). A request is the trial's log
 descriptor (SCM_RIGHTS) and a frame ``{t: fork, argv, env, cwd, umask, exit_file}``; the zygote
-forks and answers ``{t: forked, pid}``. The child makes itself what a fresh trial process would
-be (its own session, umask, stdout/stderr to the log, stdin /dev/null, cwd, exactly ``env``,
-``sys.argv``, ``sys.path[0]`` the script's directory), waits for the daemon's ``{t: go}`` (sent
-once the daemon has moved it into the job's cgroup), then runs the script with
+forks. The child makes itself what a fresh trial process would be (its own session, umask,
+stdout/stderr to the log, stdin /dev/null), answers ``{t: forked, pid}`` (so the daemon's
+process group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once
+the daemon has moved it into the job's cgroup), takes its cwd, exactly ``env``, ``sys.argv``,
+``sys.path[0]`` the script's directory, then runs the script with
 ``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is a fresh
 fork of the zygote, which runs no trial code itself.
 
@@ -223,8 +224,7 @@ class Zygote:
                 code = 125
             os._exit(code)
         os.close(log_fd)
-        self.children[pid] = str(req["exit_file"])
-        rpc.send(conn, {"t": "forked", "pid": pid})
+        self.children[pid] = str(req["exit_file"])  # the child answers, once in its session
 
     def _child(self, conn: socket.socket, log_fd: int, req: dict[str, Any]) -> int:
         # what the zygote holds is not the trial's
@@ -245,6 +245,7 @@ class Zygote:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
+        rpc.send(conn, {"t": "forked", "pid": os.getpid()})
         go = rpc.recv(conn)  # the daemon has moved this process into the job's cgroup
         conn.close()
         if go is None or go.get("t") != "go":
