@@ -18,3 +18,4 @@ bench:
 	python bench/launch_overhead.py
 	python bench/asha_sim.py
 	python bench/dashboard.py
+	python bench/trial_start.py

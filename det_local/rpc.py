@@ -24,7 +24,8 @@ Trial -> daemon (one handler each in ``sched/trialmessages.py``'s ``MESSAGES``)
     unmanaged_end {state: COMPLETED | ERROR, message}  (request) a core_v2 process ends its trial
 
 Daemon -> trial
-    hello         {preempt} | {error, [retry]}                      the answer to hello
+    hello         {preempt, [started]} | {error, [retry]}           the answer to hello
+                  (started: {warm, seconds}, how long the run took to start; first hello only)
     reply         {id, value | error}
     preempt       {}                                                should_preempt() turns True
 

@@ -115,6 +115,7 @@ class Sessions:
         self.run = run
         self.live = True
         self.handled: list[dict[str, Any]] = []
+        self.opened: list[TrialRun] = []
         self.closed: list[TrialRun] = []
 
     def managed_run(self, trial_id: int) -> TrialRun | None:
@@ -127,6 +128,10 @@ class Sessions:
         return os.geteuid()
 
     def unmanaged_hello(self, msg: dict[str, Any], writer: Any) -> TrialRun | None:
+        return None
+
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None:
+        self.opened.append(run)
         return None
 
     def session_closed(self, run: TrialRun) -> None:

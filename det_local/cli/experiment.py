@@ -129,6 +129,11 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         ("Slots/trial", _slots(cfg)),
         ("Context", exp.context_dir),
     ]
+    from det_local.sched.trialstarts import summary
+
+    starts = summary((warm, s) for _, _, warm, s in store.list_trial_starts(experiment_id))
+    if starts:
+        fields.append(("Trial start", starts))
     from det_local.tables import wrap_lines
 
     lines = wrap_lines(f"Experiment {exp.id}: ", exp.name, indent=0)

@@ -24,6 +24,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -387,6 +388,11 @@ class Engine:
                 groups[f"exp:{exp.id}"] = int(cap)
         return groups
 
+    def experiment_stopped(self, experiment_id: int) -> None:
+        """No trial of the experiment runs now (it ended or paused): what the launcher keeps
+        for it goes (its zygote, `sched/zygotes.py`)."""
+        self.supervisor.launcher.experiment_stopped(experiment_id)
+
     def save_searcher(self, exp: ExperimentRun) -> None:
         self.store.set_searcher_state(exp.id, searcher_snapshot(exp))
 
@@ -482,6 +488,7 @@ class Engine:
             self._trial_failed_to_start(exp, trial_id, str(err))
             return
         self.runs[trial_id] = run  # before the spawn: a fast trial may connect at once
+        run.spawned_at = time.monotonic()
         try:
             proc = self.supervisor.spawn(job, plan)
         except DetLocalError as err:
@@ -490,6 +497,7 @@ class Engine:
             self._trial_failed_to_start(exp, trial_id, f"trial {trial_id}: {err}")
             return
         run.pid = proc.pid
+        run.warm = bool(getattr(proc, "forked", False))
 
     def start_command(self, job: JobRecord) -> None:
         self.commands.start(job)
@@ -728,6 +736,16 @@ class Engine:
 
     def unmanaged_hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
         return unmanaged.hello(self, msg, writer)
+
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None:
+        """A run said hello: the first time, how long it took to start, recorded and told to
+        the trial (which says it in its log); None after that."""
+        if run.greeted or run.spawned_at is None:
+            return None
+        run.greeted = True
+        seconds = time.monotonic() - run.spawned_at
+        self.store.add_trial_start(run.experiment_id, run.trial_id, run.run_id, run.warm, seconds)
+        return {"warm": run.warm, "seconds": round(seconds, 4)}
 
     def session_closed(self, run: TrialRun) -> None:
         if run.trial_id in self.unmanaged:

@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,7 @@ class JobProc:
     code: int | None = None  # the leader's exit status, once it has ended
     problem: str | None = None  # why the status could not be read (the job ends with it)
     started: float | None = None  # the leader's start time (tells it from a reused pid)
+    forked: bool = False  # a warm start: forked by a zygote, which writes the legacy exit file
 
 
 @contextlib.contextmanager
@@ -299,8 +301,28 @@ def exit_code(proc: JobProc) -> int | None:
         return proc.popen.poll()
     if is_alive(proc.pid):
         return None
+    _await_reaped(proc.pid)  # a warm trial (adopted too): its zygote records it, then reaps it
     code, proc.problem = exit_status(proc.exit_file, proc.legacy_exit_file, proc.uid)
     return -signal.SIGKILL if code is None else code
+
+
+FORK_REAP_S = 1.0  # how long a warm trial's zygote may take to record its status and reap it
+
+
+def _await_reaped(pid: int) -> None:
+    """A process that is not our child has ended (a zombie): wait until its parent has reaped
+    it. A warm trial's zygote writes its exit status before it reaps it (waitid WNOWAIT), so
+    once the pid is gone the status is there; an adopted wrapper's parent is init, which reaps
+    at once. Bounded: a zygote killed meanwhile leaves the child to init too."""
+    deadline = time.monotonic() + FORK_REAP_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(0.002)
 
 
 def exit_status(

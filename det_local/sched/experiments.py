@@ -43,6 +43,11 @@ class TrialRun:
     stop_requested: bool = False
     requeue_requested: bool = False
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # how its start is measured (`sched/trialstarts.py`): when the daemon began starting its
+    # process (time.monotonic()), whether it was forked from a zygote, whether it said hello
+    spawned_at: float | None = None
+    warm: bool = False
+    greeted: bool = False
 
 
 class Notes(Protocol):

@@ -30,7 +30,9 @@ Rules of a :class:`Launcher`:
    status when known, whether it was started at all), with what it left killed first.
    ``adopt`` never starts anything. ``cleanup(live)`` then removes what runs that are not in
    ``live`` (their :meth:`run_key`) left behind.
-7. **Bounded.** No method blocks for long: the engine's event loop runs them.
+7. **Per experiment.** ``experiment_stopped(id)``: no run of that experiment runs now (it
+   ended or paused); what the launcher keeps for it (a zygote, `sched/zygotes.py`) goes.
+8. **Bounded.** No method blocks for long: the engine's event loop runs them.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from det_local.errors import TrialError
-from det_local.sched import cgroups, executor
+from det_local.sched import cgroups, executor, zygotes
 from det_local.sched import slots as hardware
 from det_local.sched.plan import LaunchPlan
 from det_local.store.jobs import JobRecord
@@ -101,6 +104,8 @@ class Launcher(Protocol):
 
     def cleanup(self, live: set[str]) -> None: ...
 
+    def experiment_stopped(self, experiment_id: int) -> None: ...
+
     def where(self, handle: RunHandle) -> str: ...
 
 
@@ -121,11 +126,15 @@ class LocalLauncher:
         self.note = note
         # how jobs are contained: detected at start (it creates this home's cgroup subtree)
         self.containment = cgroups.Containment(cgroups.OFF, "the engine has not started")
+        # warm starts (`sched/zygotes.py`): None when the daemon's switch turns them off
+        self.zygotes = zygotes.ZygotePool(paths, note) if zygotes.daemon_enabled() else None
 
     def start(self) -> None:
         self.containment = cgroups.detect(self.paths.home, self.cgroup_setting)
 
     def stop(self) -> None:
+        if self.zygotes is not None:
+            self.zygotes.stop_all()
         self.containment.remove_base()  # when no job runs on in it
 
     # ------------------------------------------------------------------ rules 1, 2
@@ -143,13 +152,17 @@ class LocalLauncher:
                 "`det-local daemon status` shows the containment mode (cgroups: false in "
                 "daemon.yaml turns it off)"
             ) from None
+        legacy = self.paths.legacy_job_exit_file(job.id, job.run_id)
         try:
+            warm = self._fork(job, plan, exit_file, legacy, cgroup)
+            if warm is not None:
+                return warm
             proc = executor.spawn(
                 job.id,
                 plan,
                 exit_file,
                 cgroup=cgroup,
-                legacy_exit_file=self.paths.legacy_job_exit_file(job.id, job.run_id),
+                legacy_exit_file=legacy,
             )
         except BaseException:
             if cgroup is not None:
@@ -157,6 +170,24 @@ class LocalLauncher:
             raise
         proc.started = executor.start_time(proc.pid) or time.time()
         return proc
+
+    def _fork(
+        self,
+        job: JobRecord,
+        plan: LaunchPlan,
+        exit_file: Path,
+        legacy: Path,
+        cgroup: cgroups.JobCgroup | None,
+    ) -> executor.JobProc | None:
+        """The run forked from its experiment's zygote (a warm start); None: spawn it cold."""
+        if self.zygotes is None or job.trial_id is None:
+            return None
+        spec = zygotes.warm_spec(plan)
+        if isinstance(spec, zygotes.Cold):
+            if job.experiment_id is not None:
+                self.zygotes.cold(job.experiment_id, spec)
+            return None
+        return self.zygotes.fork(job.id, plan, spec, exit_file, legacy, cgroup)
 
     def _contains(self, plan: LaunchPlan) -> bool:
         """Whether this run gets a cgroup: with `cgroups: auto`, a run that crosses a trust
@@ -252,6 +283,10 @@ class LocalLauncher:
             executor.exit_status(exit_file, legacy, job.uid) if spawned else (None, None)
         )
         return Lost(code, spawned, problem, found_pid, found_at)
+
+    def experiment_stopped(self, experiment_id: int) -> None:
+        if self.zygotes is not None:
+            self.zygotes.stop(experiment_id)
 
     def cleanup(self, live: set[str]) -> None:
         for cgroup in self.containment.leftovers(keep=live):  # runs that ended meanwhile

@@ -43,6 +43,8 @@ class Host(Notes, Protocol):
 
     def check_idle(self) -> None: ...
 
+    def experiment_stopped(self, experiment_id: int) -> None: ...
+
 
 def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
     """The trial's process group is gone (reaped by the queue): decide what it means."""
@@ -203,6 +205,9 @@ def finish_if_done(engine: Host, exp: ExperimentRun) -> None:
         else:
             engine.store.set_experiment_progress(exp.id, 1.0)
             engine.store.set_experiment_state(exp.id, State.COMPLETED)
-    if engine.store.get_experiment(exp.id).state.terminal:
+    now = engine.store.get_experiment(exp.id).state
+    if now.terminal or now == State.PAUSED:  # no trial of it runs for now: nor its zygote
+        engine.experiment_stopped(exp.id)
+    if now.terminal:
         engine.private.drop_experiment_env(exp.id)  # no trial of it starts again
     engine.gc.collect_if_ended(exp.id)  # once it has ended: checkpoint_storage save_*

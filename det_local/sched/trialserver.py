@@ -138,6 +138,8 @@ class Sessions(Protocol):
         self, msg: dict[str, Any], writer: asyncio.StreamWriter
     ) -> TrialRun | None: ...
 
+    def session_opened(self, run: TrialRun) -> dict[str, Any] | None: ...
+
     def session_closed(self, run: TrialRun) -> None: ...
 
     def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any: ...
@@ -300,7 +302,11 @@ class TrialServer:
             send(writer, {"t": "hello", "error": why})
             return None
         run.writers.append(writer)
-        send(writer, {"t": "hello", "preempt": run.preempt_sent})
+        started = self.sessions.session_opened(run)  # how long it took to start, the first time
+        answer: dict[str, Any] = {"t": "hello", "preempt": run.preempt_sent}
+        if started is not None:
+            answer["started"] = started
+        send(writer, answer)
         return run
 
     def refuse(self, uid: int, run: TrialRun | None, what: str, why: str) -> None:

@@ -16,13 +16,14 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials
+from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
 from det_local.store.metrics import EventTable, MetricTable
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
+from det_local.store.trialstarts import TrialStartTable
 
 __all__ = ["GC_DONE", "GC_SKIPPED", "SCHEMA", "SCHEMA_VERSION", "Store", "current_user"]
 
@@ -34,6 +35,7 @@ SCHEMA = (
     + trials.SCHEMA
     + checkpoint_table.SCHEMA
     + metrics.SCHEMA
+    + trialstarts.SCHEMA
 )
 
 
@@ -134,6 +136,10 @@ class Store:
         self.events = ev = EventTable(self.db)
         self.add_event = ev.add
         self.list_events = ev.select
+
+        self.trial_starts = ts = TrialStartTable(self.db)
+        self.add_trial_start = ts.add
+        self.list_trial_starts = ts.select
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -107,6 +107,7 @@ class Session:
                 time.sleep(0.2)
         if answer.get("preempt"):
             self.preempted = True
+        _say_started(self.trial_id, self.rank, answer.get("started"))
         self._sock = sock
         self._connected.set()
         threading.Thread(
@@ -293,6 +294,23 @@ def get_session() -> Session | None:
                 hello=_relay_hello(),
             )
     return _session
+
+
+def _say_started(trial_id: int, rank: int, started: Any) -> None:
+    """The chief's line in the trial's log: how long the run took to start, cold or warm (the
+    daemon measured it: from its spawn to this hello). Off with DET_LOCAL_METRIC_LINES=0."""
+    from det_local.trial.core import _metric_lines
+
+    if rank != 0 or not isinstance(started, dict) or not _metric_lines.enabled():
+        return
+    seconds = started.get("seconds")
+    if not isinstance(seconds, (int, float)):
+        return
+    kind = "warm" if started.get("warm") else "cold"
+    try:
+        print(f"det-local: trial {trial_id} started {kind} in {seconds:.3f}s", flush=True)
+    except (OSError, ValueError):  # stdout closed by the trial
+        pass
 
 
 def _relay_hello() -> dict[str, Any] | None:

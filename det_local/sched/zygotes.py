@@ -1,0 +1,406 @@
+"""Warm trial starts, the daemon's half: one zygote (`trial/zygote.py`) per experiment, started
+as the trial's user through the same wrapper and privilege drop as a trial, and each later trial
+of the experiment forked from it instead of spawned cold.
+
+Which trials: :func:`warm_spec` decides from the trial's plan alone, else gives the reason it
+stays cold. A trial is warm when all of these hold: warm starts are on for the daemon (the
+daemon's environment ``DET_LOCAL_WARM_STARTS``, default on; 0/false/off turns them off) and for
+the experiment (``DET_LOCAL_WARM_START`` in its ``environment_variables``: 1/on forces them on,
+0/off off; unset means on for searches, i.e. a searcher other than ``single``); the entrypoint is
+a plain ``python[3] script.py [args]`` string (no shell syntax, no launcher, no startup hook,
+which could change the environment); the trial runs as the daemon's own user (a root daemon's
+trial of another user starts cold for now: the zygote would be started through the same
+setpriv path as the trial, as that user, but that is not verified by a test yet). A search's
+trial that cannot be forked says why once per experiment (an event).
+
+What is preloaded: the absolute top-level imports of the entrypoint script that are not the
+context's own modules (found with ``ast``, never by running it), plus ``determined``, plus
+``DET_LOCAL_PRELOAD`` (comma-separated) from the experiment's environment variables. Imports
+inside functions or ``if`` blocks are left to the trial.
+
+A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
+``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
+are its own (:attr:`WarmSpec.key`); a trial with another key replaces the experiment's zygote.
+The first trial of a key starts cold while its zygote imports; a zygote that is not ready, gone
+(killed: a new one is started) or refusing means a cold start. A zygote that exits with a reason
+(a preload that fails) is not started again for that key: the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from det_local import rpc
+from det_local.sched import executor, userfiles
+from det_local.sched.cgroups import JobCgroup
+from det_local.sched.plan import LaunchPlan
+from det_local.store.paths import Paths
+from det_local.store.safe_open import UnsafeFile, read_bounded
+
+DAEMON_SWITCH = "DET_LOCAL_WARM_STARTS"  # the daemon's environment
+EXPERIMENT_SWITCH = "DET_LOCAL_WARM_START"  # an experiment's environment_variables
+PRELOAD_VAR = "DET_LOCAL_PRELOAD"  # an experiment's extra modules to preload
+ALWAYS = ("determined",)
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_MAX = 100  # sun_path holds 108 bytes
+PER_TRIAL = {"CUDA_VISIBLE_DEVICES"}
+_PYTHON = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
+_SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
+_OFF = {"0", "false", "off", "no"}
+_ON = {"1", "true", "on", "yes"}
+
+
+@dataclass(frozen=True)
+class WarmSpec:
+    """How a trial is forked: the zygote it needs (key) and the argv the child runs."""
+
+    experiment_id: int
+    argv: list[str]  # [python, script.py, args...]
+    preload: tuple[str, ...]
+    key: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Cold:
+    """Why a trial starts cold; ``quiet``: by choice (not a search, switched off), not noted."""
+
+    why: str
+    quiet: bool = False
+
+
+def daemon_enabled(environ: dict[str, str] | None = None) -> bool:
+    value = (environ if environ is not None else os.environ).get(DAEMON_SWITCH, "")
+    return value.strip().lower() not in _OFF
+
+
+def warm_spec(plan: LaunchPlan) -> WarmSpec | Cold:
+    """The trial's warm start, or why it starts cold (one line)."""
+    env = plan.env
+    switch = env.get(EXPERIMENT_SWITCH, "").strip().lower()
+    if switch in _OFF:
+        return Cold(f"{EXPERIMENT_SWITCH} is off for this experiment", quiet=True)
+    try:
+        config = json.loads(env.get("DET_EXPERIMENT_CONFIG", "{}"))
+        experiment_id = int(env["DET_EXPERIMENT_ID"])
+    except (ValueError, KeyError):
+        return Cold("not a trial", quiet=True)
+    searcher = (config.get("searcher") or {}).get("name", "single")
+    if switch not in _ON and searcher == "single":
+        return Cold("a single-trial experiment (not a search)", quiet=True)
+    why = _cold_reason(plan, config)
+    if why is not None:
+        return Cold(why)
+    return _spec(plan, experiment_id, str(config["entrypoint"]))
+
+
+def _cold_reason(plan: LaunchPlan, config: dict[str, object]) -> str | None:
+    """Why a search's trial cannot be forked (None: it can)."""
+    if plan.uid is not None and plan.uid != os.geteuid():
+        # the zygote would run as that user through setpriv like a trial, but this is not
+        # verified yet: the test users cannot run this machine's Python
+        return "it runs as another user than the daemon's (warm starts are not verified there)"
+    entrypoint = config.get("entrypoint")
+    if not isinstance(entrypoint, str):
+        return "the entrypoint is not a plain `python script.py` string"
+    if plan.argv[:1] != ["sh"]:
+        return "the context has a startup hook or the entrypoint is not a command string"
+    if _SHELL_SYNTAX & set(entrypoint.strip()):
+        return "the entrypoint uses shell syntax"
+    words = shlex.split(entrypoint)
+    if len(words) < 2 or not _PYTHON.match(words[0]) or not words[1].endswith(".py"):
+        return "the entrypoint is not `python script.py` (a launcher or another program)"
+    if not (Path(plan.cwd) / words[1]).is_file():
+        return f"its script {words[1]} is not a file of the context"
+    return None
+
+
+def _spec(plan: LaunchPlan, experiment_id: int, entrypoint: str) -> WarmSpec | Cold:
+    env = plan.env
+    words = shlex.split(entrypoint)
+    script = Path(plan.cwd) / words[1]
+    try:
+        source = script.read_bytes()
+    except OSError as err:
+        return Cold(f"cannot read {script}: {err.strerror}")
+    extra = [m.strip() for m in env.get(PRELOAD_VAR, "").split(",") if m.strip()]
+    modules = tuple(dict.fromkeys([*top_imports(source, Path(plan.cwd)), *ALWAYS, *extra]))
+    stable = stable_env(plan)
+    key = json.dumps(
+        [experiment_id, plan.uid, plan.gid, plan.groups, plan.umask, plan.cwd, words[0], stable]
+        + [list(modules)]
+    )
+    return WarmSpec(experiment_id, words, modules, key)
+
+
+def stable_env(plan: LaunchPlan) -> dict[str, str]:
+    """The part of a trial's environment its experiment's other trials share: the zygote's own
+    environment (and its key). Not the run's ids, token, hyperparameters, devices or ports: a
+    zygote holds nothing of one trial (/proc/PID/environ of a warm trial shows this, not the
+    trial's own variables, which its os.environ has)."""
+    return {
+        k: v
+        for k, v in sorted(plan.env.items())
+        if (not k.startswith("DET_") or k == "DET_LOCAL_HOME")
+        and k not in PER_TRIAL
+        and k not in plan.ports
+    }
+
+
+def top_imports(source: bytes, context: Path) -> list[str]:
+    """The top-level packages a script imports at its top level (absolute imports only), less
+    its context's own modules (the user's code is left to run in the trial)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    own = {p.stem for p in context.glob("*.py")} | {p.name for p in context.iterdir() if p.is_dir()}
+    return [n for n in dict.fromkeys(names) if n not in own and n not in ("__future__",)]
+
+
+@dataclass
+class Zygote:
+    key: str
+    proc: executor.JobProc  # its wrapper
+    socket: Path
+    log: Path
+    uid: int | None
+
+
+class ZygotePool:
+    """The live zygotes, one per experiment; ``fork`` is the warm start."""
+
+    def __init__(self, paths: Paths, note: Callable[..., None]) -> None:
+        self.paths = paths
+        self.note = note
+        self.zygotes: dict[int, Zygote] = {}  # experiment id -> its zygote
+        self.failed: dict[str, str] = {}  # key -> why its zygote cannot serve (noted once)
+        self.cold_noted: set[int] = set()  # experiments whose trials were said to start cold
+        self.stopping: list[Zygote] = []  # stopped zygotes, to be reaped
+        self.serial = 0
+
+    # ------------------------------------------------------------------ starting
+    def start(self, spec: WarmSpec, plan: LaunchPlan) -> None:
+        """Start the experiment's zygote for this key (replacing one with another key)."""
+        self.stop(spec.experiment_id)
+        self.serial += 1
+        zdir = self.paths.run_dir / "z" / f"{spec.experiment_id}.{self.serial}"
+        while os.path.lexists(zdir):  # left by an earlier daemon (its zygote is not adopted)
+            self.serial += 1
+            zdir = zdir.with_name(f"{spec.experiment_id}.{self.serial}")
+        sock = zdir / "s"
+        if len(str(sock)) > SOCKET_MAX:
+            self._fail(spec, f"its socket path {sock} is too long for a unix socket")
+            return
+        owner = userfiles.owner_of(plan)
+        zdir.parent.mkdir(parents=True, exist_ok=True)
+        zdir.mkdir(mode=0o700)
+        if owner is not None:
+            os.chown(zdir, owner.uid, owner.gid)
+        env = stable_env(plan)
+        zplan = replace(
+            plan,
+            argv=[
+                spec.argv[0],
+                "-m",
+                "det_local.trial.zygote",
+                str(sock),
+                str(os.getpid()),
+                str(os.geteuid()),
+                ",".join(spec.preload),
+            ],
+            env=env,
+            slots=[],
+            log_path=str(zdir / "log"),
+            info_dir=str(zdir),
+            ports={},
+        )
+        try:
+            proc = executor.spawn(0, zplan, zdir / "exit")
+        except Exception as err:  # noqa: BLE001 - a zygote that cannot start: trials go cold
+            self._fail(spec, f"it could not start: {err}")
+            return
+        self.zygotes[spec.experiment_id] = Zygote(spec.key, proc, sock, zdir / "log", plan.uid)
+
+    def _fail(self, spec: WarmSpec, why: str) -> None:
+        if spec.key not in self.failed:
+            self.failed[spec.key] = why
+            self.note(
+                f"experiment {spec.experiment_id}: warm starts off, its trials start cold: {why}",
+                experiment_id=spec.experiment_id,
+                level="WARNING",
+            )
+
+    def cold(self, experiment_id: int, cold: Cold) -> None:
+        """A search's trial that cannot be forked: why, once per experiment."""
+        if cold.quiet or experiment_id in self.cold_noted:
+            return
+        self.cold_noted.add(experiment_id)
+        self.note(
+            f"experiment {experiment_id}: its trials start cold: {cold.why}",
+            experiment_id=experiment_id,
+        )
+
+    # ------------------------------------------------------------------ forking
+    def fork(
+        self,
+        job_id: int,
+        plan: LaunchPlan,
+        spec: WarmSpec,
+        exit_file: Path,
+        legacy_exit_file: Path,
+        cgroup: JobCgroup | None,
+    ) -> executor.JobProc | None:
+        """The trial forked from its experiment's zygote, in its cgroup, as a JobProc the
+        supervisor watches like a spawned one; None: start it cold (a zygote is started for
+        the next trial where there is none)."""
+        self.reap()
+        if spec.key in self.failed:
+            return None
+        zygote = self.zygotes.get(spec.experiment_id)
+        if zygote is None or zygote.key != spec.key:
+            self.start(spec, plan)
+            return None
+        if executor.exit_code(zygote.proc) is not None:  # gone: why, then a new one
+            self._ended(spec, zygote, plan)
+            return None
+        if not zygote.socket.exists():
+            return None  # still importing
+        return self._request(job_id, plan, spec, zygote, exit_file, legacy_exit_file, cgroup)
+
+    def _ended(self, spec: WarmSpec, zygote: Zygote, plan: LaunchPlan) -> None:
+        """The experiment's zygote is gone: said once why it cannot serve (it exited with a
+        reason), else this trial starts cold and a new zygote is started for the next."""
+        code = zygote.proc.code if zygote.proc.code is not None else executor.exit_code(zygote.proc)
+        del self.zygotes[spec.experiment_id]
+        executor.close(zygote.proc)
+        refused = code in (3, 4, 5)
+        if refused:
+            self._fail(spec, _last_line(zygote.log, zygote.uid))
+        elif code != 0:  # killed (0: it stopped, idle)
+            self.note(
+                f"experiment {spec.experiment_id}: its zygote ended (status {code}); this "
+                "trial starts cold and a new zygote is started",
+                experiment_id=spec.experiment_id,
+            )
+        shutil.rmtree(zygote.log.parent, ignore_errors=True)
+        if not refused:
+            self.start(spec, plan)
+
+    def _request(
+        self,
+        job_id: int,
+        plan: LaunchPlan,
+        spec: WarmSpec,
+        zygote: Zygote,
+        exit_file: Path,
+        legacy_exit_file: Path,
+        cgroup: JobCgroup | None,
+    ) -> executor.JobProc | None:
+        log = Path(plan.log_path)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        owner = userfiles.owner_of(plan)
+        for old in (exit_file, legacy_exit_file):
+            try:
+                old.unlink()
+            except FileNotFoundError:
+                pass
+        legacy_exit_file.parent.mkdir(parents=True, exist_ok=True)
+        if owner is not None and legacy_exit_file.parent.stat().st_uid != owner.uid:
+            os.chown(legacy_exit_file.parent, owner.uid, owner.gid)
+        fd = userfiles.open_log(log, owner)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = None
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(str(zygote.socket))
+            socket.send_fds(sock, [b"F"], [fd])
+            rpc.send(
+                sock,
+                {
+                    "t": "fork",
+                    "argv": spec.argv,
+                    "env": plan.env,
+                    "cwd": plan.cwd,
+                    "umask": plan.umask if plan.umask is not None else _current_umask(),
+                    "exit_file": str(legacy_exit_file),
+                },
+            )
+            answer = rpc.recv(sock)
+            if answer is None or answer.get("t") != "forked":
+                why = (answer or {}).get("error", "no answer")
+                self.note(f"job {job_id}: the zygote refused a warm start ({why}); cold start")
+                return None
+            pid = int(answer["pid"])
+            for procs in cgroup.procs_files() if cgroup is not None else []:
+                with open(procs, "w") as f:
+                    f.write(str(pid))
+            pidfd = os.pidfd_open(pid)
+            rpc.send(sock, {"t": "go"})
+        except (OSError, rpc.FrameError, ValueError, KeyError) as err:
+            if pid is not None:  # forked, never told to go: it ends, the zygote reaps it
+                executor.signal_group(pid, 9)
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            self.note(f"job {job_id}: warm start failed ({why}); cold start", level="WARNING")
+            return None
+        finally:
+            sock.close()
+            os.close(fd)
+        proc = executor.JobProc(
+            job_id, pid, None, pidfd, exit_file, cgroup, legacy_exit_file, plan.uid, forked=True
+        )
+        proc.started = executor.start_time(pid) or time.time()
+        return proc
+
+    # ------------------------------------------------------------------ stopping
+    def stop(self, experiment_id: int) -> None:
+        """SIGTERM the experiment's zygote: it stops accepting, waits for the trials it forked
+        (recording their exit statuses), and exits; its wrapper is reaped later (`reap`)."""
+        self.reap()
+        zygote = self.zygotes.pop(experiment_id, None)
+        if zygote is not None:
+            executor.signal_group(zygote.proc.pid, 15)
+            self.stopping.append(zygote)
+
+    def reap(self) -> None:
+        """Reap the wrappers of stopped zygotes that have exited (no zombies left behind) and
+        remove their directories."""
+        for zygote in list(self.stopping):
+            if executor.exit_code(zygote.proc) is not None:
+                executor.close(zygote.proc)
+                self.stopping.remove(zygote)
+                shutil.rmtree(zygote.log.parent, ignore_errors=True)  # links are not followed
+
+    def stop_all(self) -> None:
+        for experiment_id in list(self.zygotes):
+            self.stop(experiment_id)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _last_line(log: Path, uid: int | None) -> str:
+    try:
+        data = read_bounded(log, 64 * 1024, owner=uid, what="zygote log")
+    except (OSError, UnsafeFile) as err:
+        return f"its log {log} cannot be read: {err}"
+    lines = [ln for ln in data.decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].removeprefix("det-local zygote: ") if lines else "it ended without a word"
