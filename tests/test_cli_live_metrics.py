@@ -196,7 +196,9 @@ def test_digits_core_quickstart_shows_its_learning_before_the_summary(dl: Env) -
         r"validation_loss=[0-9.]+ validation_accuracy=0\.\d{1,4}",
         next(v for _, _, g, v in shown if g == "validation"),
     ), r.out
-    assert lines[1].startswith("steps 10 training: loss="), r.out  # learning, from the start
+    # how the trial started (warm or cold, issue 18), then its learning, from the start
+    assert re.fullmatch(r"det-local: trial 1 started cold in [0-9.]+s", lines[1]), r.out
+    assert lines[2].startswith("steps 10 training: loss="), r.out
     # checkpoint GC's tally is an event (`experiment events`), not the run's first words
     assert "checkpoint GC" not in r.err, r.err
     assert dl.experiment(1).state == State.COMPLETED
