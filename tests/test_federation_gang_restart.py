@@ -104,9 +104,13 @@ def test_a_share_the_cluster_does_not_take_back_is_ended(
     assert exp_state(n1, exp_id) == "ACTIVE"
     with db(n1) as conn:
         assert conn.execute("SELECT restarts FROM trials").fetchone()[0] == 0
-    with db(n2) as conn:
-        member = conn.execute("SELECT state FROM jobs WHERE kind='MEMBER'").fetchone()[0]
-    assert member == "DONE"
+
+    def member_state() -> str:
+        with db(n2) as conn:
+            return str(conn.execute("SELECT state FROM jobs WHERE kind='MEMBER'").fetchone()[0])
+
+    # its ranks are gone; the job ends once reaped (or, unclaimed, within UNCLAIMED_S)
+    wait_for(lambda: member_state() == "DONE", timeout=25, what="the member job to end")
     assert n1.cli("experiment", "kill", str(exp_id)).returncode == 0
 
 
