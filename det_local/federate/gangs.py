@@ -829,16 +829,21 @@ class Gangs:
                 raise DetLocalError(f"the trial's owner {mg.owner} is unreachable")
             return None
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        async def ask() -> None:
-            try:
-                fut.set_result(await self._request(mg.owner, out))
-            except Exception as err:  # the rank gets the error line
-                if not fut.done():
-                    fut.set_exception(DetLocalError(str(err) or type(err).__name__))
-
-        self.fed.spawn(ask())
+        self.fed.spawn(self._ask_owner(mg, out, fut))
         return fut
+
+    async def _ask_owner(
+        self, mg: MemberGang, out: dict[str, Any], fut: asyncio.Future[Any]
+    ) -> None:
+        """A rank's request, relayed: the owner's answer (or its error line) in `fut`."""
+        try:
+            value = await self._request(mg.owner, out)
+        except Exception as err:  # the rank gets the error line
+            if not fut.done():
+                fut.set_exception(DetLocalError(str(err) or type(err).__name__))
+            return
+        if not fut.done():
+            fut.set_result(value)
 
     async def _ship_logs(self, mg: MemberGang) -> None:
         while True:
@@ -889,8 +894,7 @@ class Gangs:
                 if s.exited:
                     continue
                 if og.state == "reserving":  # nothing runs yet: a dead peer is gone at once
-                    peer = self.fed.peers.get(s.node)
-                    if peer is not None and peer_state(peer, now) != "dead":
+                    if not self._gone(s.node, og.since, now, window=0.0):
                         continue
                     why = f"machine {s.node} was lost"
                     s.exited, s.code = True, None
@@ -1043,19 +1047,8 @@ class Gangs:
         for out, fut in held:
             if fut is None:
                 self._send(mg.owner, out)
-                continue
-
-            async def ask(out: dict[str, Any], fut: asyncio.Future[Any]) -> None:
-                try:
-                    value = await self._request(mg.owner, out)
-                except Exception as err:
-                    if not fut.done():
-                        fut.set_exception(DetLocalError(str(err) or type(err).__name__))
-                    return
-                if not fut.done():
-                    fut.set_result(value)
-
-            self.fed.spawn(ask(out, fut))
+            else:
+                self.fed.spawn(self._ask_owner(mg, out, fut))
 
     def _fail_backlog(self, mg: MemberGang, why: str) -> None:
         held, mg.backlog = mg.backlog, []

@@ -129,14 +129,8 @@ class Commands:
             self.note(f"command {job.id} could not start: {err}", level="ERROR")
             self.private.drop_job_env(job.id)
             return
-        env["DET_LOCAL_HOME"] = str(self.paths.home)
-        env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
-        env["DET_SLOT_IDS"] = str(job.slots)
+        threads = self.slot_env(job, env)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
-        threads: dict[str, str] = {}  # OMP_NUM_THREADS on CPU slots, as a trial gets it
-        for item in thread_env(self.inventory.cpu_threads(len(job.slots)), env):
-            name, _, value = item.partition("=")
-            env[name] = threads[name] = value
         if job.kind != COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
             self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"], threads)  # has it in its env
         plan = LaunchPlan(
@@ -159,6 +153,19 @@ class Commands:
             self.jobs.finish(job.id, None, f"command {job.id} could not start: {err}")
         # started (its pid recorded: it is adopted or settled, never started again) or ended
         self.private.drop_job_env(job.id)
+
+    def slot_env(self, job: JobRecord, env: dict[str, str]) -> dict[str, str]:
+        """det-local's variables of a job on its slots, set in `env` (DET_LOCAL_HOME, the
+        visible devices, the slot ids, and OMP_NUM_THREADS on CPU slots as a trial gets it,
+        unless set); returns the thread variables it set."""
+        env["DET_LOCAL_HOME"] = str(self.paths.home)
+        env["CUDA_VISIBLE_DEVICES"] = self.inventory.visible_devices(job.slots)
+        env["DET_SLOT_IDS"] = str(job.slots)
+        threads: dict[str, str] = {}
+        for item in thread_env(self.inventory.cpu_threads(len(job.slots)), env):
+            name, _, value = item.partition("=")
+            env[name] = threads[name] = value
+        return threads
 
     def _write_allocation(self, job: JobRecord, visible: str, env: dict[str, str]) -> None:
         """jobs/<id>/allocation.json: the slots a job holds and the variables that come with

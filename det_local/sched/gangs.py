@@ -23,6 +23,7 @@ import asyncio
 import os
 import pwd
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,15 +122,11 @@ class GangShares:
             return None
         return self.placer.fit(slots)
 
-    def offload_waiting(self) -> None:
-        """Trials that may run anywhere (`resources.federate`) and wait here for slots: one a
-        live peer has the slots free for now runs wholly there, as a gang of one peer whose
-        owner (this node) only coordinates. Called after every scheduling pass."""
+    def _may_go(self) -> Iterator[JobRecord]:
+        """Jobs that may run anywhere (`jobs.anywhere`), wait here for slots, and may be
+        offered to peers now."""
         engine = self.engine
-        if self.placer is None or not engine.queue.waiting:
-            return
         now = time.monotonic()
-        moved = False
         for job_id in list(engine.queue.waiting):
             if job_id in engine.queue.hold_back or self.stay_until.get(job_id, 0.0) > now:
                 continue
@@ -137,17 +134,29 @@ class GangShares:
                 job = engine.store.jobs.peek(job_id)
             except DetLocalError:
                 continue
-            if job.state != QUEUED or not job.anywhere or job.gang is not None:
-                continue
+            if job.state == QUEUED and job.anywhere and job.gang is None and job.slots_needed:
+                yield job
+
+    def offloadable(self) -> bool:
+        """Whether a job that may run anywhere waits here (a pass may send it to a peer)."""
+        return next(self._may_go(), None) is not None
+
+    def offload_waiting(self) -> None:
+        """A job that may run anywhere (`resources.federate`, `--anywhere`) and waits here for
+        slots runs wholly on a live peer that has them free now, as a gang of one peer whose
+        owner (this node) only coordinates. Called after every scheduling pass."""
+        engine = self.engine
+        if self.placer is None:
+            return
+        moved = False
+        for job in self._may_go():
             size = job.slots_needed
-            if size == 0:  # it never waits for slots
-                continue
             node = self.placer.idle_peer(size)
             if node is None:
                 continue
-            self.stay_until.pop(job_id, None)
+            self.stay_until.pop(job.id, None)
             spec = {"size": size, "per_node": size, "anywhere": node}
-            engine.store.jobs.set_gang(job_id, spec, 0)
+            engine.store.jobs.set_gang(job.id, spec, 0)
             engine.note(
                 f"{_what(job)} waits here for {size} slot{'s' if size > 1 else ''}; "
                 f"machine {node} has them free: it runs there "
@@ -158,20 +167,6 @@ class GangShares:
             moved = True
         if moved:
             engine.queue.schedule()
-
-    def offloadable(self) -> bool:
-        """Whether a job that may run anywhere waits here (a pass may send it to a peer)."""
-        now = time.monotonic()
-        for job_id in self.engine.queue.waiting:
-            if self.stay_until.get(job_id, 0.0) > now:
-                continue
-            try:
-                job = self.engine.store.jobs.peek(job_id)
-            except DetLocalError:
-                continue
-            if job.state == QUEUED and job.anywhere and job.gang is None:
-                return True
-        return False
 
     def back_home(self, job_id: int, why: str) -> None:
         """A trial sent to run on a peer (`offload_waiting`) could not be placed there: it waits
@@ -485,7 +480,7 @@ class GangShares:
         and this node's slot variables."""
         from det_local.errors import TrialError
         from det_local.sched import userfiles
-        from det_local.sched.plan import LaunchPlan, base_env, thread_env
+        from det_local.sched.plan import LaunchPlan, base_env
         from det_local.sched.users import identity as identity_of
 
         engine = self.engine
@@ -495,12 +490,7 @@ class GangShares:
         run_dir = engine.paths.home / "fed" / "runs" / str(job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         env = base_env(None, job.uid)
-        env["DET_LOCAL_HOME"] = str(engine.paths.home)
-        env["CUDA_VISIBLE_DEVICES"] = engine.inventory.visible_devices(job.slots)
-        env["DET_SLOT_IDS"] = str(job.slots)
-        for item in thread_env(engine.inventory.cpu_threads(len(job.slots)), env):
-            name, _, value = item.partition("=")
-            env[name] = value
+        engine.commands.slot_env(job, env)
         cwd = str(command["cwd"])
         if not os.path.isdir(cwd):
             raise DetLocalError(f"its working directory {cwd} is not on this machine")
