@@ -446,3 +446,134 @@ def experiment_summaries() -> dict[int, dict[str, Any]]:
             "trials": dict(s.counts) if s else {},
         }
     return out
+
+
+# ---------------------------------------------------------------------------- learning curves
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _config_batch_size(config: dict[str, Any]) -> int | None:
+    """hyperparameters.global_batch_size of a stored config when it is a constant integer."""
+    hp = (config.get("hyperparameters") or {}).get("global_batch_size")
+    if isinstance(hp, dict) and hp.get("type") == "const":
+        hp = hp.get("val")
+    return _int_or_none(hp)
+
+
+def experiment_curves(
+    experiment_id: int, group: str = VALIDATION, max_points: int = MAX_POINTS
+) -> dict[str, Any]:
+    """The experiment's learning curves of `group`, with what a chart needs to draw them in
+    records, epochs or time and to pick its best trials: {"experiment_id", "group", "state",
+    "metric", "smaller_is_better", "records_per_epoch" (None when the config has none),
+    "trials": [{"trial_id", "state", "started_at" (the trial's created_at: what a report's
+    "time" is counted from), "global_batch_size" (the trial's hyperparameter, else the
+    config's constant, else None), "best_validation", "reports"}]}, trials best first
+    (searcher metric, smaller_is_better respected), reports downsampled as
+    trial_metrics_sampled."""
+    from det_local.sched.searchsummary import rank, searcher_of
+
+    store = open_store()
+    exp = store.get_experiment(experiment_id)
+    metric, smaller = searcher_of(exp.config)
+    batch_size = _config_batch_size(exp.config)
+    trials = rank(store.list_trials(experiment_id), smaller)
+    return {
+        "experiment_id": experiment_id,
+        "group": group,
+        "state": exp.state.value,
+        "metric": metric,
+        "smaller_is_better": smaller,
+        "records_per_epoch": _int_or_none(exp.config.get("records_per_epoch")),
+        "trials": [
+            {
+                "trial_id": t.id,
+                "state": t.state.value,
+                "started_at": t.created_at,
+                "global_batch_size": _int_or_none(t.hparams.get("global_batch_size")) or batch_size,
+                "best_validation": t.best_validation,
+                "reports": [r.to_json() for r in store.sample_metrics(t.id, group, max_points)],
+            }
+            for t in trials
+        ],
+    }
+
+
+def experiment_progress(experiment_id: int, after: int | None = None) -> tuple[str, int]:
+    """(the experiment's state, the row id of its trials' newest metric report if newer than
+    `after`, else `after`): what a live experiment view asks every few seconds before it
+    fetches the curves again. after=None starts from the newest report of any trial."""
+    store = open_store()
+    state = store.get_experiment(experiment_id).state.value
+    if after is None:
+        return state, store.newest_metric_id()
+    return state, store.last_experiment_metric_id(experiment_id, after)
+
+
+def open_trial_log(trial_id: int) -> tuple[str, IO[bytes] | None]:
+    """(a file name for it, the trial's whole output opened for reading, None before it
+    wrote any): what a raw log download streams. Unreadable logs are LogsPrivate (one line)."""
+    store = open_store()
+    trial = store.get_trial(trial_id)
+    path = paths().trial_log(trial.experiment_id, trial_id)
+    name = f"experiment-{trial.experiment_id}-trial-{trial_id}.log"
+    try:
+        return name, open(path, "rb")  # noqa: SIM115 (the caller streams and closes it)
+    except FileNotFoundError:
+        return name, None
+    except PermissionError as err:
+        from det_local.sched.attach import logs_private
+
+        raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
+
+
+MAX_COMPARE = 10  # experiments one comparison shows
+
+
+def compare_json(experiment_ids: list[int]) -> list[dict[str, Any]]:
+    """Experiments side by side (at most MAX_COMPARE, each known): each {"id", "name",
+    "state", "user", "searcher", "metric", "smaller_is_better", "best", "trials" (counts by
+    state), "hyperparameters" (the space: dotted name -> its definition)}."""
+    from det_local.errors import DetLocalError
+
+    if not experiment_ids:
+        raise DetLocalError("nothing to compare: give experiment ids, e.g. /compare?ids=1,2")
+    if len(experiment_ids) > MAX_COMPARE:
+        raise DetLocalError(
+            f"{len(experiment_ids)} experiments: at most {MAX_COMPARE} can be compared at once"
+        )
+    store = open_store()
+    exps = [store.get_experiment(i) for i in experiment_ids]  # NotFoundError for an unknown id
+    summaries = experiment_summaries()
+    out = []
+    for e in exps:
+        s = summaries.get(e.id, {})
+        space = e.config.get("hyperparameters") or {}
+        out.append(
+            {
+                "id": e.id,
+                "name": e.name,
+                "state": e.state.value,
+                "user": e.user,
+                "searcher": s.get("searcher"),
+                "metric": s.get("metric"),
+                "smaller_is_better": s.get("smaller_is_better"),
+                "best": s.get("best"),
+                "trials": s.get("trials") or {},
+                "hyperparameters": dict(_space(space)),
+            }
+        )
+    return out
+
+
+def _space(space: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A stored hyperparameter space as (dotted name, definition) pairs: a definition is a
+    dict with "type"; anything else nests (Determined's nested hyperparameters)."""
+    out: list[tuple[str, Any]] = []
+    for k, v in space.items():
+        if isinstance(v, dict) and v and "type" not in v:
+            out += _space(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out

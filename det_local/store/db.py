@@ -131,6 +131,7 @@ class Store:
         self.latest_metrics = m.latest
         self.sample_metrics = m.sample
         self.last_metric_id = m.last_id
+        self.last_experiment_metric_id = m.last_id_of_experiment
         self.newest_metric_id = m.newest_id
 
         self.events = ev = EventTable(self.db)

@@ -129,6 +129,16 @@ class MetricTable:
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else after
 
+    def last_id_of_experiment(self, experiment_id: int, after: int) -> int:
+        """As last_id, for every trial of the experiment: the row id of its trials' newest
+        report if newer than `after`, else `after` (only the rows after `after` are read)."""
+        row = self.conn.execute(
+            "SELECT max(id) FROM metrics WHERE id > ?"
+            " AND +trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)",
+            (after, experiment_id),
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else after
+
     def groups(self, trial_id: int) -> list[str]:
         """The groups the trial has reports in (training, validation, custom ones), sorted."""
         rows = self.conn.execute(

@@ -4,8 +4,10 @@
     GET /api/experiments                         experiment list --json (every user's)
     GET /api/experiments/{id}                    experiment describe --json
     GET /api/experiments/{id}/metrics?group=G    each trial's reports of G (validation),
-                                                 downsampled: {"experiment_id", "group",
-                                                 "trials": [{"trial_id", "reports"}]}
+                                                 downsampled, best trial first, with what
+                                                 the x units need (api.experiment_curves):
+                                                 {"experiment_id", "group", "state", ...,
+                                                 "trials": [{"trial_id", ..., "reports"}]}
     GET /api/trials/{id}                         trial describe --json
     GET /api/trials/{id}/metrics?group=G         trial metrics --json, ~2,000 points a group
     GET /api/trials/{id}/logs?offset=N|tail=N    {"trial_id", "offset", "lines", "state"}
@@ -48,17 +50,7 @@ def experiment(request: Request) -> Response:
 def experiment_metrics(request: Request) -> Response:
     exp_id = path_id(request, "experiment_id")
     group = request.query_params.get("group") or api.VALIDATION
-    curves = api.experiment_metrics(exp_id, group)
-    return json_response(
-        {
-            "experiment_id": exp_id,
-            "group": group,
-            "trials": [
-                {"trial_id": tid, "reports": [r.to_json() for r in reports]}
-                for tid, reports in curves.items()
-            ],
-        }
-    )
+    return json_response(api.experiment_curves(exp_id, group))
 
 
 @json_errors

@@ -101,6 +101,14 @@ def experiments_page(request: Request) -> Response:
         counts = s.get("trials") or {}
         rows.append(
             [
+                tag(
+                    "input",
+                    type="checkbox",
+                    name="ids",
+                    value=e.id,
+                    form="compare-form",
+                    aria_label=f"compare experiment {e.id}",
+                ),
                 link(f"/experiments/{e.id}", e.id),
                 link(f"/experiments/{e.id}", e.name),
                 state_badge(e.state.value),
@@ -115,6 +123,7 @@ def experiments_page(request: Request) -> Response:
             ]
         )
     headers = [
+        "",
         header("ID", "id"),
         header("Name", "name"),
         header("State", "state"),
@@ -129,7 +138,16 @@ def experiments_page(request: Request) -> Response:
     ]
     form = _filters(want_state, want_user, want_label, users, labels, sort, q.get("order", ""))
     count = tag("p", f"{len(shown)} of {len(exps)} experiments", class_="muted")
-    return page("Experiments", join([form, count, table(headers, rows, id_="experiments")]))
+    compare = tag(
+        "form",
+        tag("button", f"Compare selected (at most {api.MAX_COMPARE})", type="submit"),
+        id="compare-form",
+        method="get",
+        action="/compare",
+        class_="compare",
+    )
+    body = join([form, count, compare, table(headers, rows, id_="experiments")])
+    return page("Experiments", body)
 
 
 def _quote(v: str) -> str:
@@ -259,6 +277,7 @@ def experiment_page(request: Request) -> Response:
                 ),
                 class_="groups",
             ),
+            curve_controls(top_n=True),
             tag("div", "", id="charts", class_="charts"),
             tag("h2", "Trials (best first)"),
             table(headers, rows, id_="trials"),
@@ -272,6 +291,34 @@ def experiment_page(request: Request) -> Response:
         ]
     )
     return page(f"Experiment {exp_id}", body, scripts=["dashboard.js"], charts=True)
+
+
+X_UNITS = (
+    ("batches", "batches"),
+    ("records", "records"),
+    ("epochs", "epochs"),
+    ("time", "time (s since the trial started)"),
+)
+TOP_N = (1, 3, 5, 10)
+DEFAULT_TOP_N = 5
+
+
+def curve_controls(*, top_n: bool = False) -> Html:
+    """The learning curves' controls (static/dashboard.js reads them): the x unit, log y, and
+    on an experiment's page how many of the best trials are drawn in colour."""
+    units = join(tag("option", text, value=v) for v, text in X_UNITS)
+    parts = [
+        tag("label", join(["x ", tag("select", units, id="x-unit")])),
+        tag("label", join([tag("input", type="checkbox", id="log-y"), " log y"])),
+    ]
+    if top_n:
+        opts = [tag("option", n, value=n, selected=n == DEFAULT_TOP_N) for n in TOP_N]
+        opts.append(tag("option", "all", value=0))
+        parts.append(
+            tag("label", join(["highlight the best ", tag("select", join(opts), id="top-n")]))
+        )
+    parts.append(tag("span", "", id="curve-note", class_="muted"))
+    return tag("div", join(parts, " "), class_="curvebar")
 
 
 def _better(metric: str | None, searcher: dict[str, Any]) -> str:
@@ -340,12 +387,31 @@ def trial_page(request: Request) -> Response:
                             "label",
                             join(
                                 [
+                                    "rank ",
+                                    tag(
+                                        "select",
+                                        tag("option", "all", value=""),
+                                        id="log-rank",
+                                    ),
+                                ]
+                            ),
+                        ),
+                        tag(
+                            "label",
+                            join(
+                                [
                                     tag("input", type="checkbox", id="log-follow", checked=True),
                                     " follow",
                                 ]
                             ),
                         ),
-                        tag("a", "raw", href=f"/api/trials/{trial_id}/logs?offset=0"),
+                        tag(
+                            "a",
+                            "download raw log",
+                            href=f"/api/trials/{trial_id}/logs/raw",
+                            download=True,
+                            id="log-raw",
+                        ),
                         tag("span", "", id="log-status", class_="muted"),
                     ],
                     " ",
