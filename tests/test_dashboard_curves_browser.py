@@ -1,0 +1,244 @@
+"""The learning-curve controls, checkpoint markers, the log's rank filter and compare, in a real
+browser (Debian's chromium driven by Playwright, as test_dashboard_browser.py). A grid search
+of four trials (global_batch_size 4, records_per_epoch 16, checkpoints at batches 4 and 8, a
+validation metric that goes to 0 and below); switching x to records, epochs and time changes
+the charts' x data (read back from the uPlot instances); log y leaves the values <= 0 out with
+a note; top 3 draws three series thick, best first. A trial whose two ranks print through
+`determined.launch.wrap_rank` filters by rank (with the search). Compare draws both
+experiments' lines. The console stays clean; screenshots go to tests/artifacts/."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette", reason="the dashboard needs the web extra")
+pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
+from _dashboard import Server, World, make_world, serve
+from test_dashboard_browser import ARGS, ARTIFACTS, CHROMIUM, playwright, until
+
+# training loss every batch; validations every 2 (val_gap: 0.25, 0, -0.25, -0.5); a
+# checkpoint every 4 batches. hparams.ranks: two workers print through wrap_rank instead.
+SCRIPT = r"""
+import subprocess, sys
+import determined as det
+
+hp = det.get_cluster_info().trial.hparams
+if hp.get("ranks"):
+    code = "for i in range(3): print(f'line {i} of worker %d', flush=True)"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "determined.launch.wrap_rank", str(r), "--",
+                          sys.executable, "-c", code % r])
+        for r in (0, 1)
+    ]
+    sys.exit(max(p.wait() for p in procs))
+
+with det.core.init() as core:
+    n = int(hp["batches"])
+    for step in range(1, n + 1):
+        core.train.report_training_metrics(step, {"loss": hp["lr"] / step})
+        if step % 2 == 0:
+            core.train.report_validation_metrics(
+                step, {"val_loss": hp["lr"] * 10 / step, "val_gap": 0.5 - step / n}
+            )
+        if step % 4 == 0:
+            with core.checkpoint.store_path({"steps_completed": step}) as (path, _):
+                (path / "w").write_text("1")
+"""
+
+CHART = "window.detCharts.get('{}').plot"
+
+
+def run(world: World, name: str, hparams: dict[str, Any], **config: Any) -> int:
+    cfg, ctx = world.context(name, hparams, **config)
+    (ctx / "train.py").write_text(SCRIPT)
+    r = world.det("run", cfg, ctx)
+    assert r.returncode == 0, r
+    return int(world.json("experiment", "list", "--all")[-1]["id"])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(tmp_path_factory.mktemp("curves-browser"), dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def exps(world: World) -> dict[str, int]:
+    grid = run(
+        world,
+        "grid",
+        {
+            "batches": 8,
+            "global_batch_size": 4,
+            "lr": {"type": "categorical", "vals": [0.3, 0.1, 0.4, 0.2]},
+        },
+        searcher={"name": "grid", "metric": "val_loss", "max_length": {"batches": 8}},
+        records_per_epoch=16,
+    )
+    single = run(world, "single", {"batches": 8, "lr": 0.5})
+    ranks = run(world, "ranks", {"batches": 8, "lr": 0.5, "ranks": True})
+    return {"grid": grid, "single": single, "ranks": ranks}
+
+
+@pytest.fixture(scope="module")
+def server(world: World, exps: dict[str, int]) -> Iterator[Server]:
+    yield from serve(world)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda err: problems.append(str(err)))
+    page.set_default_timeout(30_000)
+    yield page
+    page.close()
+    assert problems == []
+
+
+def x_data(page: Any, metric: str) -> list[float]:
+    return list(page.evaluate(f"{CHART.format(metric)}.data[0]"))
+
+
+def test_curve_controls(server: Server, exps: dict[str, int], page: Any) -> None:
+    exp = exps["grid"]
+    curves = server.json(f"/api/experiments/{exp}/metrics")
+    trials = curves["trials"]
+    assert len(trials) == 4
+    page.goto(f"{server.base}/experiments/{exp}")
+    until(
+        page,
+        f"window.detCharts && window.detCharts.has('val_loss') && "
+        f"{CHART.format('val_loss')}.data[0].length > 0",
+    )
+    assert x_data(page, "val_loss") == [2, 4, 6, 8]  # batches
+    # legend best first: the API's order (lr 0.1 first); all four highlighted (top 5)
+    labels = page.evaluate(f"{CHART.format('val_loss')}.series.slice(1).map(s => s.label)")
+    assert labels == [f"trial {t['trial_id']}" for t in trials]
+    widths = page.evaluate(f"{CHART.format('val_loss')}.series.slice(1).map(s => s.width)")
+    assert widths == [2.5] * 4
+
+    page.select_option("#x-unit", "records")  # x 4 records a batch
+    until(page, f"{CHART.format('val_loss')}.data[0][0] === 8")
+    assert x_data(page, "val_loss") == [8, 16, 24, 32]
+    assert page.evaluate(f"{CHART.format('val_loss')}.axes[0].label") == "records"
+    page.select_option("#x-unit", "epochs")  # 16 records an epoch
+    until(page, f"{CHART.format('val_loss')}.data[0][0] === 0.5")
+    assert x_data(page, "val_loss") == [0.5, 1, 1.5, 2]
+    page.select_option("#x-unit", "time")  # seconds from each trial's start
+    until(page, f"{CHART.format('val_loss')}.data[0].length > 4")
+    want = sorted({r["time"] - t["started_at"] for t in trials for r in t["reports"]})
+    got = x_data(page, "val_loss")
+    assert len(got) == len(want) and all(abs(a - b) < 1e-6 for a, b in zip(got, want, strict=True))
+    assert all(x > 0 for x in got)
+
+    # log y: val_gap's values <= 0 (three a trial) are left out, with a note
+    page.select_option("#x-unit", "batches")
+    page.check("#log-y")
+    gap = CHART.format("val_gap")
+    until(page, f"{gap}.scales.y.distr === 3")
+    assert (
+        page.evaluate(f"{gap}.data.slice(1).map(ys => ys.filter(y => y !== null))") == [[0.25]] * 4
+    )
+    note = page.locator(".chart[data-metric='val_gap'] .chart-note").inner_text()
+    assert note == "12 value(s) <= 0 left out on the log scale"
+    assert page.evaluate(f"{CHART.format('val_loss')}.scales.y.distr") == 3
+
+    # top 3: three thick coloured series (the three best), the fourth thin grey
+    page.select_option("#top-n", "3")
+    until(page, f"{CHART.format('val_loss')}.series[4].width === 1")
+    widths = page.evaluate(f"{CHART.format('val_loss')}.series.slice(1).map(s => s.width)")
+    assert widths == [2.5, 2.5, 2.5, 1]
+    assert page.evaluate(f"{CHART.format('val_loss')}.scales.y.distr") == 3  # log y kept
+    # an experiment without records_per_epoch: epochs is disabled, its title says why
+    page.screenshot(path=str(ARTIFACTS / "curves-experiment.png"), full_page=True)
+    page.goto(f"{server.base}/experiments/{exps['single']}")
+    until(page, "window.detCharts && window.detCharts.has('val_loss')")
+    title = page.evaluate("document.querySelector('#x-unit option[value=epochs]').title")
+    assert page.evaluate("document.querySelector('#x-unit option[value=epochs]').disabled")
+    assert "records_per_epoch" in title
+
+
+def test_checkpoint_markers(server: Server, exps: dict[str, int], page: Any) -> None:
+    trial = server.json(f"/api/experiments/{exps['grid']}")["trials"][0]
+    ckpts = server.json(f"/api/trials/{trial['id']}")["checkpoints"]
+    assert sorted(c["steps_completed"] for c in ckpts) == [4, 8]
+    page.goto(f"{server.base}/trials/{trial['id']}")
+    until(page, "window.detCharts && window.detCharts.has('validation: val_loss')")
+    until(page, "document.querySelectorAll('.chart .ckpt-marker').length >= 4")
+    for metric in ("training: loss", "validation: val_loss"):
+        titles = page.evaluate(
+            f"[...document.querySelectorAll(\".chart[data-metric='{metric}'] .ckpt-marker\")]"
+            ".map(m => m.title)"
+        )
+        assert sorted(titles) == sorted(
+            f"checkpoint {c['uuid']} at {c['steps_completed']} batches ({c['state']})"
+            for c in ckpts
+        ), (metric, titles)
+    page.screenshot(path=str(ARTIFACTS / "curves-trial.png"), full_page=True)
+
+
+def test_log_rank_filter(server: Server, exps: dict[str, int], page: Any) -> None:
+    trial = server.json(f"/api/experiments/{exps['ranks']}")["trials"][0]
+    page.goto(f"{server.base}/trials/{trial['id']}")
+    until(page, "document.querySelectorAll('#log-rank option').length === 3")
+    options = page.evaluate("[...document.querySelectorAll('#log-rank option')].map(o => o.value)")
+    assert options == ["", "0", "1"]
+    shown = (
+        "[...document.querySelectorAll('#log div')].filter(d => !d.hidden).map(d => d.textContent)"
+    )
+    assert len([ln for ln in page.evaluate(shown) if ln.startswith("[rank=")]) == 6
+    page.select_option("#log-rank", "1")
+    lines = page.evaluate(shown)
+    assert lines == [f"[rank=1] line {i} of worker 1" for i in range(3)], lines
+    page.fill("#log-search", "line 2")  # with the search: both must match
+    assert page.evaluate(shown) == ["[rank=1] line 2 of worker 1"]
+    page.select_option("#log-rank", "")
+    assert sorted(page.evaluate(shown)) == [
+        "[rank=0] line 2 of worker 0",
+        "[rank=1] line 2 of worker 1",
+    ]
+    page.screenshot(path=str(ARTIFACTS / "curves-ranks.png"), full_page=True)
+
+
+def test_compare_two_experiments(server: Server, exps: dict[str, int], page: Any) -> None:
+    grid, single = exps["grid"], exps["single"]
+    page.goto(server.base + "/")
+    page.check(f"input[name=ids][value='{grid}']")
+    page.check(f"input[name=ids][value='{single}']")
+    page.screenshot(path=str(ARTIFACTS / "curves-experiments.png"), full_page=True)
+    page.click("#compare-form button")
+    page.wait_for_url("**/compare?*")
+    chart = CHART.format("validation: val_loss")
+    until(
+        page,
+        f"window.detCharts && window.detCharts.has('validation: val_loss') && "
+        f"{chart}.data.length > 1",
+    )
+    labels = page.evaluate(f"{chart}.series.slice(1).map(s => s.label)")
+    assert sum(lb.startswith(f"exp {grid} / trial ") for lb in labels) == 4, labels
+    assert sum(lb.startswith(f"exp {single} / trial ") for lb in labels) == 1, labels
+    # validation first, then training
+    titles = page.evaluate("[...document.querySelectorAll('.chart')].map(c => c.dataset.metric)")
+    assert titles[0] == "validation: val_loss" and titles[-1] == "training: loss", titles
+    page.select_option("#x-unit", "time")
+    until(page, f"{chart}.axes[0].label === 'seconds since the trial started'")
+    # records: the single experiment has no global_batch_size, so it is disabled
+    assert page.evaluate("document.querySelector('#x-unit option[value=records]').disabled")
+    assert page.locator("#compare").inner_text().count("COMPLETED") == 2
+    page.screenshot(path=str(ARTIFACTS / "curves-compare.png"), full_page=True)
