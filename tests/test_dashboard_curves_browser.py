@@ -10,6 +10,8 @@ experiments' lines. The console stays clean; screenshots go to tests/artifacts/.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 pytest.importorskip("starlette", reason="the dashboard needs the web extra")
 pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
 from _dashboard import Server, World, make_world, serve
+from conftest import wait_for
 from test_dashboard_browser import ARGS, ARTIFACTS, CHROMIUM, playwright, until
 
 # training loss every batch; validations every 2 (val_gap: 0.25, 0, -0.25, -0.5); a
@@ -242,3 +245,46 @@ def test_compare_two_experiments(server: Server, exps: dict[str, int], page: Any
     assert page.evaluate("document.querySelector('#x-unit option[value=records]').disabled")
     assert page.locator("#compare").inner_text().count("COMPLETED") == 2
     page.screenshot(path=str(ARTIFACTS / "curves-compare.png"), full_page=True)
+
+
+def test_experiment_curves_follow_a_running_experiment(
+    world: World, server: Server, exps: dict[str, int], page: Any
+) -> None:
+    """The experiment page polls its progress while it runs: new points arrive (within a few
+    seconds) on the chosen x unit, without resetting a zoom."""
+    gate = world.tmp / "live-gate"
+    cfg, ctx = world.context("live", {"batches": 8, "lr": 0.1, "wait_for": str(gate)})
+    run = subprocess.Popen(
+        [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
+        env=world.env,
+        cwd=world.tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def waiting() -> int | None:
+            exp = server.json("/api/experiments")[-1]
+            if exp["id"] in exps.values():
+                return None
+            trials = server.json(f"/api/experiments/{exp['id']}")["trials"]
+            if not trials:
+                return None
+            lines = server.json(f"/api/trials/{trials[0]['id']}/logs")["lines"]
+            return int(exp["id"]) if any("waiting for" in ln for ln in lines) else None
+
+        exp_id = wait_for(waiting, timeout=60, what="the trial to wait at its gate")
+        page.goto(f"{server.base}/experiments/{exp_id}")
+        page.click(".groups button[data-group=training]")
+        loss = CHART.format("loss")
+        until(page, f"window.detCharts.has('loss') && {loss}.data[0].length === 2")
+        page.select_option("#x-unit", "time")
+        until(page, f"{loss}.axes[0].label === 'seconds since the trial started'")
+        page.evaluate(f"{loss}.setScale('x', {{min: 0, max: 0.001}})")  # the user zooms in
+        gate.write_text("go")
+        until(page, f"{loss}.data[0].length >= 8", timeout=30)
+        assert page.evaluate(f"[{loss}.scales.x.min, {loss}.scales.x.max]") == [0, 0.001]
+        assert run.wait(60) == 0
+    finally:
+        run.kill()
+        run.wait()
