@@ -27,6 +27,9 @@ pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
 from _dashboard import Server, World, make_world, serve
 from conftest import wait_for
 
+from det_local.store.db import Store
+from det_local.store.paths import Paths
+
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 CHROMIUM = "/usr/bin/chromium"
@@ -325,3 +328,32 @@ def test_refresh_keeps_the_brush_and_the_zoom(
     finally:
         run.kill()
         run.wait()
+
+
+def test_notes_for_trials_without_a_metric(world: World, server: Server, page: Any) -> None:
+    """An experiment whose trials have not started (written to the store as the daemon would
+    when it submits one), then gets a trial without a validation and one with: the page says
+    so in one line, then draws the one line it can, without a reload (it is still ACTIVE)."""
+    store = Store(Paths(world.home).db)
+    try:
+        exp = store.create_experiment(name="pending", config=config(ASHA))
+        page.goto(f"{server.base}/experiments/{exp}/hparams")
+        until(page, "document.getElementById('hp-note').textContent !== ''")
+        assert page.inner_text("#hp-note") == "This experiment has no trials yet."
+        assert page.inner_text("#hp-parallel") == "no trial has a validation metric yet"
+        assert page.inner_text("#hp-count") == ""
+        hps = [
+            {"lr": 0.01, "opt": "adam", "layers": 1, "model": {"width": 32}},
+            {"lr": 0.001, "opt": HOSTILE, "layers": 2, "model": {"width": 32}},
+        ]
+        ids = [store.create_trial(exp, hparams=hp, seed=0) for hp in hps]
+        until(page, "document.getElementById('hp-note').textContent.startsWith('2 trials')")
+        assert page.inner_text("#hp-note") == "2 trials have no validation metric yet."
+        store.set_best_validation(ids[1], 0.5)
+        until(page, "document.getElementById('hp-note').textContent.startsWith('1 trial has')")
+        until(page, f"{PARALLEL} && {PARALLEL}.getOption().series[0].data.length === 1")
+        assert page.inner_text("#hp-count") == "1 of 1 trials selected"
+        assert HOSTILE in page.inner_text("#hp-selected")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-hparams-pending.png"), full_page=True)
+    finally:
+        store.close()
