@@ -3,6 +3,7 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -295,6 +296,73 @@ def experiment_json(experiment_id: int) -> dict[str, Any]:
         "trials": [{**t.to_json(), "rung": rungs.get(t.id)} for t in trials],
         "checkpoints": [c.to_json() for c in ckpts],
     }
+
+
+def hparams_json(experiment_id: int) -> dict[str, Any]:
+    """The experiment's hyperparameter view (the dashboard's /hparams page): {"experiment_id",
+    "name", "state", "metric", "smaller_is_better", "hyperparameters": [{"name" (nested ones
+    dotted), "type", the config's range or values (minval/maxval/base/count, vals, val),
+    "varies" (more than one value among the trials)}], "trials": [{"trial_id", "state",
+    "hparams" (flat), "metric", "rung"}]}. A trial's metric is its best validation value of the
+    searcher metric (what the experiment page's Best column and the ranking use; None before
+    its first validation); trials best first. A hyperparameter the config does not define (a
+    const dict's keys) has the type of its values: double when all are numbers, else
+    categorical."""
+    from det_local.sched.searchsummary import searcher_of
+    from det_local.tables import flatten
+
+    store = open_store()
+    exp = store.get_experiment(experiment_id)
+    metric, smaller = searcher_of(exp.config)
+    trials = ranked_trials(store, experiment_id)
+    rungs = trial_rungs(store, experiment_id)
+    flat = [dict(flatten(t.hparams)) for t in trials]
+    defined = _hparam_definitions(exp.config, source=f"experiment {experiment_id}")
+    seen = {name: None for hp in flat for name in hp}
+    names = [n for n in defined if n in seen or not trials] + [n for n in seen if n not in defined]
+    hyperparameters = []
+    for name in names:
+        values = [hp[name] for hp in flat if name in hp]
+        kind = defined.get(name) or {"type": _value_type(values)}
+        distinct = {json.dumps(v, sort_keys=True, default=str) for v in values}
+        hyperparameters.append({"name": name, **kind, "varies": len(distinct) > 1})
+    return {
+        "experiment_id": experiment_id,
+        "name": exp.name,
+        "state": exp.state.value,
+        "metric": metric,
+        "smaller_is_better": smaller,
+        "hyperparameters": hyperparameters,
+        "trials": [
+            {
+                "trial_id": t.id,
+                "state": t.state.value,
+                "hparams": hp,
+                "metric": t.best_validation,
+                "rung": rungs.get(t.id),
+            }
+            for t, hp in zip(trials, flat, strict=True)
+        ],
+    }
+
+
+def _hparam_definitions(config: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """Flat name -> the definition's dict ({"type": "log", "minval": ...}) from a stored config;
+    empty when it cannot be read (a config an older version wrote)."""
+    from det_local.config.check import Ctx
+    from det_local.config.hparams import flat_hparams, parse_hyperparameters
+    from det_local.errors import DetLocalError
+
+    try:
+        hps = parse_hyperparameters(Ctx(source), config.get("hyperparameters"))
+    except DetLocalError:
+        return {}
+    return {name: hp.to_dict() for name, hp in flat_hparams(hps)}
+
+
+def _value_type(values: list[Any]) -> str:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return "double" if values and numbers else "categorical"
 
 
 def trial_json(trial_id: int) -> dict[str, Any]:

@@ -125,6 +125,20 @@ def hparams_to_dict(hps: dict[str, Hyperparameter]) -> dict[str, Any]:
     return {name: hp.to_dict() for name, hp in hps.items()}
 
 
+def flat_hparams(
+    hps: dict[str, Hyperparameter], prefix: str = ""
+) -> list[tuple[str, Hyperparameter]]:
+    """Every hyperparameter that is not a group, nested ones under dotted names ("model.width"),
+    as trial hyperparameters are flattened for display (det_local.tables.flatten)."""
+    out: list[tuple[str, Hyperparameter]] = []
+    for name, hp in hps.items():
+        if isinstance(hp, NestedHP):
+            out += flat_hparams(hp.hps, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", hp))
+    return out
+
+
 # -- parsing ---------------------------------------------------------------------------------
 
 _FIELDS = {

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from det_local.web import compare, curvesapi, jsonapi, pages
+from det_local.web import compare, curvesapi, hparams, jsonapi, pages
 from det_local.web.guard import App, Guard, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -62,8 +62,10 @@ def create_app(*, token: str | None = None) -> App:
     header); otherwise every request must carry it (guard.py)."""
     app = Starlette(
         routes=[
+            # before /api/'s catch-all (jsonapi.routes() ends with it)
             *curvesapi.ROUTES,
             *compare.ROUTES,
+            *hparams.ROUTES,
             *jsonapi.routes(),
             *pages.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),

@@ -264,6 +264,7 @@ def experiment_page(request: Request) -> Response:
     body = join(
         [
             tag("p", join([tag("span", exp["name"], class_="name")]), class_="subtitle"),
+            tag("p", link(f"/experiments/{exp_id}/hparams", "Hyperparameter views"), class_="tabs"),
             info,
             tag("h2", "Learning curves"),
             tag(
