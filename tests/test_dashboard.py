@@ -123,6 +123,21 @@ def test_api_errors_are_one_line(server: Server, path: str, status: int, fragmen
     assert fragment in error and "\n" not in error, error
 
 
+def test_api_index_lists_every_route(server: Server) -> None:
+    got, body, _ = server.get("/api/")
+    assert got == 200
+    routes = json.loads(body)["routes"]
+    for path in (
+        "/api/experiments",
+        "/api/experiments/{experiment_id}/hparams",
+        "/api/experiments/{experiment_id}/progress",
+        "/api/trials/{trial_id}/logs/raw",
+        "/api/trials/{trial_id}/stream",
+    ):
+        assert path in routes, routes
+    assert "/api/{rest:path}" not in routes and all(r.startswith("/api/") for r in routes)
+
+
 def test_read_only(server: Server) -> None:
     for method in ("POST", "PUT", "DELETE"):
         req = urllib.request.Request(server.base + "/api/experiments", method=method, data=b"")

@@ -92,7 +92,11 @@ def unknown(request: Request) -> Response:
 
 @json_errors
 def index(request: Request) -> Response:
-    return json_response({"routes": [r.path for r in ROUTES if r.path != "/api/{rest:path}"]})
+    """Every /api/ route of the application (other modules add theirs before the catch-all)."""
+    paths = [getattr(r, "path", "") for r in request.app.router.routes]
+    return json_response(
+        {"routes": [p for p in paths if p.startswith("/api/") and p != "/api/{rest:path}"]}
+    )
 
 
 def routes() -> list[Route]:
