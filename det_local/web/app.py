@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from det_local.web import jsonapi, pages
+from det_local.web import cluster, commands, jsonapi, pages
 from det_local.web.guard import App, Guard, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -62,6 +62,8 @@ def create_app(*, token: str | None = None) -> App:
     header); otherwise every request must carry it (guard.py)."""
     app = Starlette(
         routes=[
+            *cluster.ROUTES,
+            *commands.ROUTES,  # before /api/'s catch-all
             *jsonapi.routes(),
             *pages.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
