@@ -149,6 +149,8 @@ def main() -> None:
             app, f"/api/trials/{hot}/metrics?group=training", args.runs
         )
         api_list_ms, _ = asgi_ms(app, "/api/experiments", args.runs)
+        # trial describe: its latest training and validation reports (MetricTable.latest)
+        trial_ms, _ = asgi_ms(app, f"/trials/{hot}", args.runs)
         env = {**os.environ}
         list_anchor = statistics.median(
             timed([*cli, "experiment", "list", "--all", "--json"], env) for _ in range(3)
@@ -172,6 +174,7 @@ def main() -> None:
         f"metrics API ({args.points} points)  {metrics_ms:8.1f} ms ({metrics_size} bytes, <= 200)"
     )
     print(f"/api/experiments                 {api_list_ms:8.1f} ms")
+    print(f"trial page ({args.points} points)    {trial_ms:8.1f} ms")
     print(f"live poll (state, last report)   {poll_ms:8.2f} ms")
     print(f"anchor: experiment list --json   {list_anchor:8.1f} ms (a process)")
     print(f"anchor: trial metrics --json     {metrics_anchor:8.1f} ms (a process, every report)")
@@ -183,6 +186,7 @@ def main() -> None:
                 "metrics_api_ms_1m_points": round(metrics_ms, 1),
                 "experiment_curves_api_ms": round(curves_ms, 1),
                 "api_experiments_ms": round(api_list_ms, 1),
+                "trial_page_ms_1m_points": round(trial_ms, 1),
                 "live_poll_ms": round(poll_ms, 2),
                 "anchor_experiment_list_json_ms": round(list_anchor, 1),
                 "anchor_trial_metrics_json_ms": round(metrics_anchor, 1),

@@ -645,3 +645,60 @@ def _space(space: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
         else:
             out.append((f"{prefix}{k}", v))
     return out
+
+
+def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
+    """`cmd list --json`: commands, shells, notebooks and TensorBoards (every job but trials),
+    oldest first, each with "link" (the address a notebook or TensorBoard serves on while it
+    runs, without its token: that is printed only to its owner, by `notebook start`) and its
+    argv with secret-looking option values hidden (sched/taskview.py)."""
+    from det_local.sched.taskview import address, hide_secrets
+
+    out = []
+    for j in open_store().jobs.list(include_done=include_done):
+        if j.kind == "TRIAL":
+            continue
+        d = j.to_json()
+        d["argv"] = hide_secrets(j.argv)
+        d["link"] = address(j.kind, j.argv) if j.state == "SCHEDULED" else None
+        out.append(d)
+    return out
+
+
+def cluster_view() -> dict[str, Any]:
+    """The running daemon's view of its cluster: {"federation": "on"|"off", "why" (when off),
+    "node", "port", "cluster", "mdns", "live_peers" (when on), "peers": peers_rows}. A one-line
+    NoDaemon error when no daemon runs (the cluster exists only in a daemon)."""
+    from det_local.federate.client import request
+
+    view = dict(request(paths(), {"t": "peers"}) or {})
+    view["peers"] = peer_rows(view)
+    return view
+
+
+def peer_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each node of the view (this one first, "state": "self"; then alive, suspect, dead or
+    left peers) with "jobs": this node's running jobs whose processes are there ({"id",
+    "kind", "name", "user", "slots"}; a share of a peer's gang shows on this node)."""
+    from det_local.sched.extensions import runs_on
+
+    rows = [dict(r) for r in view.get("peers") or []]
+    if not rows:
+        return rows
+    me = str(view.get("node") or "local")
+    where: dict[str, list[dict[str, Any]]] = {}
+    for j in open_store().jobs.list(include_done=False):
+        for node in filter(None, runs_on(j, me).split(",")):
+            where.setdefault(node, []).append(
+                {"id": j.id, "kind": j.kind, "name": j.name, "user": j.user, "slots": j.slots}
+            )
+    for r in rows:
+        r["jobs"] = where.get(str(r["id"]), [])
+    return rows
+
+
+def peers_json() -> list[dict[str, Any]]:
+    """`cluster peers --json`: every node of the cluster, this one included ([] when this
+    daemon does not federate)."""
+    rows: list[dict[str, Any]] = cluster_view()["peers"]
+    return rows

@@ -127,10 +127,9 @@ def leave(
 def peers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every node of the cluster, this one included: state, address, slots, version."""
     from det_local import api
-    from det_local.federate.client import request
 
-    view = request(api.paths(), {"t": "peers"})
-    rows = view.get("peers", [])
+    view = api.cluster_view()
+    rows = view["peers"]
     if as_json:
         from det_local.cli.common import print_json
 

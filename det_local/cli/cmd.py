@@ -83,10 +83,10 @@ def list_commands(
     from det_local import api
     from det_local.cli.common import print_json, table
 
-    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
     if as_json:
-        print_json([j.to_json() for j in jobs])
+        print_json(api.commands_json(include_done=show_all))
         return
+    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
     from det_local.cli.checkpoint import fmt_time
 
     rows = [

@@ -19,8 +19,16 @@ def daemon(ctx: typer.Context) -> None:
     from det_local import api
     from det_local.federate.service import extension as federation
     from det_local.sched.daemon import run_foreground
+    from det_local.sched.extensions import ExtensionFactory
+    from det_local.web.supervisor import extension as dashboard
+    from det_local.web.supervisor import load_dashboard_settings
 
-    raise typer.Exit(run_foreground(api.paths(), extensions=[federation]))
+    paths = api.paths()
+    extensions: list[ExtensionFactory] = [federation]
+    board = load_dashboard_settings(paths.settings)  # a bad section: one line, no daemon
+    if board.enabled:
+        extensions.append(dashboard(board))
+    raise typer.Exit(run_foreground(paths, extensions=extensions))
 
 
 @app.command("start")

@@ -14,12 +14,21 @@ def dashboard_command(
         "printed at start.",
     ),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on."),
+    user: str = typer.Option(
+        None,
+        "--user",
+        help="Started as root: bind the port, then run as this unprivileged user "
+        "(what the daemon does with daemon.yaml's dashboard.user).",
+    ),
+    exit_fd: int = typer.Option(
+        None, "--exit-with-fd", hidden=True, help="Exit when this pipe closes (the daemon's)."
+    ),
 ) -> None:
     """Serve the dashboard (read-only): experiments, learning curves, trials and their logs,
     the queue and the slots, with a JSON API under /api/. Needs `pip install 'det-local[web]'`."""
     from det_local.web.serve import serve
 
     try:
-        serve(host, port)
+        serve(host, port, user=user, exit_fd=exit_fd)
     except KeyboardInterrupt:
         pass

@@ -100,17 +100,7 @@ class EngineView:
     def runs_on(self, job: JobRecord) -> str:
         """The nodes a running (or reserved) job's processes are on; "" while it waits or
         once it has ended."""
-        if job.state not in ("SCHEDULED", "RESERVED"):
-            return ""
-        gang = job.gang or {}
-        me = self.node_id or "local"
-        if job.kind == "MEMBER":
-            return me
-        if gang.get("anywhere"):
-            return str(gang["anywhere"])
-        if gang.get("nodes"):
-            return ",".join(str(n) for n in gang["nodes"])
-        return me
+        return runs_on(job, self.node_id or "local")
 
     def slot_rows(self) -> list[dict[str, Any]]:
         """This node's slots as `slots --json` gives them (without foreign process lists)."""
@@ -333,3 +323,19 @@ class EngineView:
                 f"this machine's daemon is not root: it runs only its own user's ranks, not "
                 f"{user!r}'s [permanent]"
             )
+
+
+def runs_on(job: JobRecord, me: str) -> str:
+    """The nodes a running (or reserved) job's processes are on, comma-separated (`me` is this
+    node); "" while it waits or once it has ended. A share of another node's gang (MEMBER)
+    runs here; a job sent to an idle peer runs there; a gang runs on its nodes."""
+    if job.state not in ("SCHEDULED", "RESERVED"):
+        return ""
+    gang = job.gang or {}
+    if job.kind == "MEMBER":
+        return me
+    if gang.get("anywhere"):
+        return str(gang["anywhere"])
+    if gang.get("nodes"):
+        return ",".join(str(n) for n in gang["nodes"])
+    return me

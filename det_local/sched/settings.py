@@ -14,6 +14,7 @@ admin_group: det-local-admin   # members may change anyone's jobs (root always m
 cgroups: auto             # each job in its own cgroup: auto, v2, v1, or false (off); else
                           # DET_LOCAL_CGROUPS decides (same values), else auto
 federation: {port: 47800} # see det_local/federate/settings.py and docs/system-mode.md
+dashboard: {port: 8080}   # the daemon runs `det-local dashboard` (det_local/web/supervisor.py)
 ```
 """
 
@@ -55,8 +56,9 @@ class DaemonSettings:
             raise ConfigError(str(err)) from None
 
 
-# federation: read and checked by det_local.federate (sched does not import it)
-_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation"}
+# federation and dashboard: read and checked by det_local.federate and det_local.web (sched
+# imports neither)
+_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation", "dashboard"}
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 

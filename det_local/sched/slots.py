@@ -315,6 +315,51 @@ def _optional(errors: tuple[type[BaseException], ...], read: Callable[..., Any],
         return None
 
 
+def read_usage(inv: Inventory) -> Inventory:
+    """The inventory with each NVML GPU's memory in use and utilisation read now (discovery
+    read them once, when the engine started): what `slots` and the dashboard show. A GPU NVML
+    cannot read now keeps no figure (None) rather than a stale one; fake and CPU slots are
+    returned as they are."""
+    if inv.source != SOURCE_NVML:
+        return inv
+    try:
+        import pynvml as nv
+    except ImportError:
+        return inv
+    errors = _nvml_errors(nv)
+    try:
+        nv.nvmlInit()
+    except errors as err:
+        log.warning("cannot read GPU usage: NVML: %s", err)
+        return inv
+    slots = []
+    try:
+        for slot in inv.slots:
+            if slot.kind != GPU or not slot.uuid:
+                slots.append(slot)
+                continue
+            handle = _optional(errors, nv.nvmlDeviceGetHandleByUUID, slot.uuid)
+            mem = None if handle is None else _optional(errors, nv.nvmlDeviceGetMemoryInfo, handle)
+            util = (
+                None
+                if handle is None
+                else _optional(errors, nv.nvmlDeviceGetUtilizationRates, handle)
+            )
+            slots.append(
+                replace(
+                    slot,
+                    memory_used_mb=None if mem is None else int(mem.used) // _MIB,
+                    utilization_pct=None if util is None else int(util.gpu),
+                )
+            )
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except errors:
+            pass
+    return replace(inv, slots=tuple(slots))
+
+
 # ---------------------------------------------------------------------------- foreign processes
 def detect_foreign(inv: Inventory, our_pids: Collection[int]) -> Inventory:
     """The inventory with each GPU's foreign processes (and their users) filled in.

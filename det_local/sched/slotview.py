@@ -36,9 +36,9 @@ class SlotView:
 
 
 def engine_answer(inventory: hardware.Inventory, jobs: Sequence[Any]) -> dict[str, Any]:
-    """The engine's answer to a `slots` request: its inventory (foreign processes looked up
-    now) and who holds each slot, as plain values."""
-    inv = hardware.detect_foreign(inventory, _our_pids(jobs))
+    """The engine's answer to a `slots` request: its inventory (foreign processes, memory in
+    use and utilisation looked up now) and who holds each slot, as plain values."""
+    inv = hardware.read_usage(hardware.detect_foreign(inventory, _our_pids(jobs)))
     return {
         "source": inv.source,
         "note": inv.note,

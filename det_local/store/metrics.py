@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     batch_metrics TEXT
 );
 CREATE INDEX IF NOT EXISTS metrics_by_trial ON metrics(trial_id, grp, steps_completed);
+CREATE INDEX IF NOT EXISTS metrics_newest ON metrics(trial_id, grp, id);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
     experiment_id INTEGER,
@@ -158,6 +159,9 @@ class MetricTable:
         return [(int(r[0]), int(r[1]), int(r[2]), json.loads(r[3])) for r in rows]
 
     def latest(self, trial_id: int, group: str) -> MetricRecord | None:
+        """The trial's newest report of `group` (the last recorded, whatever its steps): one
+        seek to the end of the trial's part of metrics_newest, not a sort of its reports. A
+        database from before that index gets it when the daemon next opens it (SCHEMA)."""
         r = self.conn.execute(
             f"SELECT {_COLS} FROM metrics WHERE trial_id=? AND grp=? ORDER BY id DESC LIMIT 1",
             (trial_id, group),

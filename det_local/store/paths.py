@@ -70,6 +70,11 @@ class Paths:
         return Path("/tmp") / f"det-local-{digest}-cluster.sock"
 
     @property
+    def dashboard_log(self) -> Path:
+        """The output of the dashboard the daemon runs (daemon.yaml's `dashboard:`)."""
+        return self.run_dir / "dashboard.log"
+
+    @property
     def pid_file(self) -> Path:
         return self.run_dir / "daemon.pid"
 

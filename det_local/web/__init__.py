@@ -3,9 +3,11 @@ same `det_local.api` functions the CLI's --json uses. A separate process; it rea
 read-only and the trials' log files, with or without a daemon running.
 
 Starlette and uvicorn come with the optional extra `det-local[web]`; nothing here is imported
-by the rest of det-local. Modules: `app` (the application and its routes' table), `guard`
-(loopback Host check and the access token), `jsonapi` (/api/), `pages` and `html` (the
-server-rendered pages), `live` (server-sent events), `serve` (the process).
+by the rest of det-local but `supervisor` (which imports neither: the daemon runs the dashboard
+through it). Modules: `app` (the application and its routes' table), `guard` (loopback Host
+check and the access token), `jsonapi` (/api/), `pages` and `html` (the server-rendered
+pages), `cluster` and `commands` (those pages and their /api/ routes), `live` (server-sent
+events), `serve` (the process), `supervisor` (daemon.yaml's `dashboard:`, the daemon's child).
 """
 
 from __future__ import annotations

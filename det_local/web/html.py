@@ -65,7 +65,13 @@ def page_data(value: Any) -> Html:
     return Html(f'<script type="application/json" id="page-data">{text}</script>')
 
 
-NAV = (("Experiments", "/"), ("Queue", "/queue"), ("Slots", "/slots"))
+NAV = (
+    ("Experiments", "/"),
+    ("Queue", "/queue"),
+    ("Slots", "/slots"),
+    ("Cluster", "/cluster"),
+    ("Commands", "/commands"),
+)
 
 
 def page(

@@ -1,0 +1,82 @@
+"""The commands page and its API: commands, shells, notebooks and TensorBoards (every job
+that is not a trial), as `det-local cmd list --json` gives them (`api.commands_json`).
+
+    GET /commands?all=1       the page (with ended ones: ?all=1)
+    GET /api/commands?all=1   cmd list --json
+
+A notebook's or TensorBoard's link is its address without a token: the dashboard has no user
+authentication, and a notebook's token is printed only to its owner (by `det-local notebook
+start`); the dashboard never has it (it is in the job's private environment)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from det_local import api
+from det_local.sched.taskview import NOTEBOOK
+from det_local.tables import fmt_time
+from det_local.web.html import Html, join, link, page, table, tag
+from det_local.web.pages import duration, html_errors, state_badge
+from det_local.web.responses import json_errors, json_response, query_flag
+
+TOKEN_NOTE = "token: printed to its owner by `det-local notebook start`"
+
+
+@json_errors
+def commands_api(request: Request) -> Response:
+    return json_response(api.commands_json(include_done=query_flag(request, "all")))
+
+
+def _link(c: dict[str, object]) -> Html:
+    url = c.get("link")
+    if not isinstance(url, str):
+        return Html("")
+    parts = [link(url, url)]
+    if c["kind"] == NOTEBOOK:
+        parts.append(tag("span", TOKEN_NOTE, class_="muted"))
+    return join(parts, " ")
+
+
+def _state(c: dict[str, object]) -> Html:
+    badge = state_badge(str(c["state"]))
+    code = c.get("exit_code")
+    return badge if code is None else join([badge, f" exit {code}"])
+
+
+@html_errors
+def commands_page(request: Request) -> Response:
+    everything = query_flag(request, "all")
+    now = time.time()
+    rows = [
+        [
+            c["id"],
+            str(c["kind"]).lower(),
+            c["name"],
+            c["user"],
+            _state(c),
+            f"{len(c['slots'])}/{c['slots_needed']}",
+            fmt_time(c["started_at"]),
+            fmt_time(c["ended_at"]),
+            duration(c["started_at"], c["ended_at"] or now) if c["started_at"] else "",
+            _link(c),
+        ]
+        for c in api.commands_json(include_done=everything)
+    ]
+    headers = ["ID", "Type", "Name", "User", "State", "Slots", "Started", "Ended", "Ran"]
+    headers.append("Link")
+    other = (
+        link("/commands", "running and queued only")
+        if everything
+        else link("/commands?all=1", "with ended ones")
+    )
+    return page("Commands", join([tag("p", other), table(headers, rows, id_="commands")]))
+
+
+ROUTES = [
+    Route("/commands", commands_page),
+    Route("/api/commands", commands_api),
+]

@@ -1,0 +1,258 @@
+"""The dashboard run by the daemon: daemon.yaml's `dashboard:` section, and the service that
+keeps `det-local dashboard` running as a child process of the daemon (its own process, so the
+daemon's footprint does not change).
+
+```yaml
+dashboard:
+  port: 8080          # the section turns it on (off without it); 1-65535
+  host: 127.0.0.1     # anything but the loopback needs the token the dashboard prints (in its
+                      # log, DET_LOCAL_HOME/run/dashboard.log)
+  user: nobody        # a daemon run as root runs the dashboard as this user (never as root)
+  enabled: true       # false keeps the section but runs no dashboard
+```
+
+The child is restarted with a growing delay (1 s, doubling to 60 s; back to 1 s after it ran
+a minute) when it exits; it is stopped with the daemon, and it exits by itself when the daemon
+dies (even by kill -9): it holds the read end of a pipe whose write end only the daemon has
+(`det-local dashboard --exit-with-fd`). Its output goes to DET_LOCAL_HOME/run/dashboard.log.
+
+A daemon run as root starts it with `--user USER`: the dashboard binds its port and loads its
+code as root, then switches to USER (no supplementary groups) before it serves. USER reads what
+every user may read: the database, the queue, the slots (through the spool) and the cluster
+view (the cluster socket of a root daemon is open to every user); trial logs private to their
+owner (`det-local` keeps them readable only by the owner when the experiment is private) are
+not shown, with a one-line reason in the log view.
+
+This module imports no Starlette: the daemon imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from det_local.errors import ConfigError
+
+if TYPE_CHECKING:
+    from det_local.sched.extensions import EngineView, ExtensionFactory
+
+DEFAULT_PORT = 8080
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_USER = "nobody"
+_KEYS = {"port", "host", "user", "enabled"}
+FIRST_DELAY_S = 1.0
+MAX_DELAY_S = 60.0
+STEADY_S = 60.0  # a child that ran this long starts the delays again from FIRST_DELAY_S
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    enabled: bool = False
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    user: str = DEFAULT_USER
+
+
+def load_dashboard_settings(path: Path) -> DashboardSettings:
+    """daemon.yaml's `dashboard:` section (off without one); ConfigError naming the field."""
+    if not path.exists():
+        return DashboardSettings()
+    import yaml
+
+    source = str(path)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"{source} is not valid YAML") from None
+    raw = doc.get("dashboard") if isinstance(doc, dict) else None
+    if raw is None:
+        return DashboardSettings()
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"dashboard in {source}: expected a mapping such as {{port: {DEFAULT_PORT}}}, "
+            f"found {raw!r}"
+        )
+    import difflib
+
+    for key in raw:
+        if key not in _KEYS:
+            near = difflib.get_close_matches(str(key), sorted(_KEYS), n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"valid: {', '.join(sorted(_KEYS))}"
+            raise ConfigError(f"unknown field 'dashboard.{key}' in {source}; {hint}")
+    port = raw.get("port", DEFAULT_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(
+            f"dashboard.port in {source}: expected a port number 1-65535, found {port!r}"
+        )
+    host = raw.get("host", DEFAULT_HOST)
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError(
+            f"dashboard.host in {source}: expected an address such as 127.0.0.1, found {host!r}"
+        )
+    user = raw.get("user", DEFAULT_USER)
+    if not isinstance(user, str) or not user.strip():
+        raise ConfigError(f"dashboard.user in {source}: expected a user name, found {user!r}")
+    if os.geteuid() == 0:
+        check_user(user, f"dashboard.user in {source}")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(
+            f"dashboard.enabled in {source}: expected true or false, found {enabled!r}"
+        )
+    return DashboardSettings(enabled=enabled, host=host.strip(), port=port, user=user.strip())
+
+
+def check_user(user: str, where: str) -> tuple[int, int]:
+    """(uid, gid) of the unprivileged user the dashboard runs as; ConfigError for root or a
+    user this machine lacks."""
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(
+            f"{where}: no user {user!r} on this machine; name an existing unprivileged user "
+            f"(default {DEFAULT_USER})"
+        ) from None
+    if pw.pw_uid == 0:
+        raise ConfigError(
+            f"{where}: the dashboard must not run as root ({user!r}); name an unprivileged user "
+            f"(default {DEFAULT_USER})"
+        )
+    return pw.pw_uid, pw.pw_gid
+
+
+def child_argv(settings: DashboardSettings, exit_fd: int) -> list[str]:
+    argv = [sys.executable, "-m", "det_local.cli.main", "dashboard"]
+    argv += ["--host", settings.host, "--port", str(settings.port), "--exit-with-fd", str(exit_fd)]
+    if os.geteuid() == 0:
+        argv += ["--user", settings.user]
+    return argv
+
+
+class DashboardChild:
+    """The daemon's service keeping the dashboard running (an Extension: start/stop)."""
+
+    def __init__(self, view: EngineView, settings: DashboardSettings) -> None:
+        self.view = view
+        self.settings = settings
+        self.proc: asyncio.subprocess.Process | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.pipe: tuple[int, int] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.view.paths.dashboard_log
+
+    async def start(self) -> None:
+        self.pipe = os.pipe()  # the child's read end reaches EOF when this process ends
+        self.task = asyncio.get_running_loop().create_task(self._keep_running())
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        assert self.pipe is not None
+        read_end = self.pipe[0]
+        env = {**os.environ, "DET_LOCAL_HOME": str(self.view.paths.home)}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            os.chmod(self.log_path, 0o600)  # the token of a non-loopback dashboard is in it
+            return await asyncio.create_subprocess_exec(
+                *child_argv(self.settings, read_end),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(read_end,),
+                start_new_session=True,
+                env=env,
+                cwd="/",
+            )
+
+    async def _keep_running(self) -> None:
+        delay = FIRST_DELAY_S
+        while not self.stopping:
+            began = time.monotonic()
+            try:
+                self.proc = await self._spawn()
+            except OSError as err:
+                self.view.log(f"det-local: cannot start the dashboard: {err}")
+                code: int | None = None
+            else:
+                self.starts += 1
+                self.view.log(
+                    f"det-local: dashboard {self.proc.pid} on {self.settings.host}:"
+                    f"{self.settings.port} (its output: {self.log_path})"
+                )
+                code = await self.proc.wait()
+            if self.stopping:
+                return
+            if time.monotonic() - began >= STEADY_S:
+                delay = FIRST_DELAY_S
+            self.view.log(
+                f"det-local: the dashboard exited ({code}); restarting in {delay:.0f}s "
+                f"(see {self.log_path})"
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        if self.pipe is not None:
+            for fd in self.pipe:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.pipe = None
+
+
+def extension(settings: DashboardSettings) -> ExtensionFactory:
+    """The factory `det-local daemon` hands run_foreground when the section is on."""
+
+    def make(view: EngineView) -> Any:
+        return DashboardChild(view, settings)
+
+    return make
+
+
+# ---------------------------------------------------------------------------- the child's side
+def exit_with(fd: int) -> None:
+    """In the dashboard: end this process (SIGTERM, a clean stop) once `fd` reaches EOF, i.e.
+    when the daemon holding its write end has gone, however it went."""
+    import signal
+    import threading
+
+    def wait() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(fd, 1):
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="exit-with-daemon", daemon=True).start()
+
+
+def drop_to(user: str) -> None:
+    """In the dashboard, started as root: become `user` (its group, no others) for good."""
+    uid, gid = check_user(user, "--user")
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)

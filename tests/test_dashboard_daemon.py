@@ -1,0 +1,153 @@
+"""The dashboard started by the daemon (daemon.yaml's `dashboard:`, det_local/web/supervisor.py):
+served on its port by its own process, run as an unprivileged user when the daemon is root,
+restarted after kill -9, stopped with the daemon, gone when the daemon is killed; bad settings
+are one-line errors naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from _dashboard import free_port
+from conftest import Env, gone, one_line_error, wait_for
+
+from det_local.errors import ConfigError
+from det_local.web.supervisor import load_dashboard_settings
+
+pytest.importorskip("uvicorn")
+
+
+@pytest.fixture
+def reachable(dl: Env) -> Iterator[Env]:
+    """`dl` with its home where an unprivileged user can read it (the dashboard runs as one
+    when the daemon is root; pytest's own directories are root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="det-local-dash-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    dl.home = base / "home"
+    dl.env["DET_LOCAL_HOME"] = str(dl.home)
+    dl.setenv(DET_LOCAL_CPU_SLOTS="1", DET_LOCAL_CGROUPS="off", DET_LOCAL_MDNS="0")
+    try:
+        yield dl
+    finally:
+        from conftest import kill_home_processes
+
+        kill_home_processes(dl.home)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return 0, None
+
+
+def dashboards(daemon_pid: int) -> list[psutil.Process]:
+    out = []
+    for child in psutil.Process(daemon_pid).children():
+        try:
+            if "dashboard" in child.cmdline():
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
+
+
+def serving(port: int) -> bool:
+    return get(port, "/api/experiments")[0] == 200
+
+
+def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
+    dl = reachable
+    port = free_port()
+    pid = dl.daemon_start({"dashboard": {"port": port}})
+    wait_for(lambda: serving(port), timeout=30, what="the daemon's dashboard to serve")
+    assert get(port, "/api/experiments") == (200, [])
+    (child,) = dashboards(pid)
+    if os.geteuid() == 0:  # a root daemon's dashboard is never root
+        assert child.uids().effective == pwd.getpwnam("nobody").pw_uid
+        assert get(port, "/api/slots")[0] == 200  # what it reads through the spool, as nobody
+    log = dl.paths.dashboard_log
+    assert "dashboard of" in log.read_text() and oct(log.stat().st_mode & 0o777) == "0o600"
+
+    os.kill(child.pid, signal.SIGKILL)
+    wait_for(lambda: gone(child.pid), what="the dashboard to die")
+    wait_for(
+        lambda: serving(port) and [p.pid for p in dashboards(pid)] not in ([], [child.pid]),
+        timeout=30,
+        what="the dashboard to be restarted",
+    )
+    (again,) = dashboards(pid)
+
+    r = dl.det("daemon", "stop")
+    assert r.rc == 0, r
+    wait_for(lambda: gone(again.pid), what="the dashboard to stop with the daemon")
+    assert not serving(port)
+
+
+def test_dashboard_ends_when_the_daemon_is_killed(reachable: Env) -> None:
+    dl = reachable
+    port = free_port()
+    pid = dl.daemon_start({"dashboard": {"port": port}})
+    wait_for(lambda: serving(port), timeout=30, what="the daemon's dashboard to serve")
+    (child,) = dashboards(pid)
+    dl.kill_daemon()  # kill -9: no stop() runs; the pipe's end closes with the process
+    wait_for(lambda: gone(child.pid), what="the orphaned dashboard to exit")
+
+
+@pytest.mark.parametrize(
+    ("section", "fragments"),
+    [
+        ({"port": "web"}, ["dashboard.port", "1-65535", "'web'"]),
+        ({"port": 0}, ["dashboard.port", "1-65535"]),
+        ({"port": 70000}, ["dashboard.port", "1-65535"]),
+        ({"prot": 8080}, ["dashboard.prot", "did you mean 'port'"]),
+        ({"host": ""}, ["dashboard.host", "an address"]),
+        ({"enabled": "yes"}, ["dashboard.enabled", "true or false"]),
+        ("on", ["dashboard in", "expected a mapping"]),
+        ({"user": "root"}, ["dashboard.user", "must not run as root"]),
+        ({"user": "no-such-user-dlx"}, ["dashboard.user", "no user 'no-such-user-dlx'"]),
+    ],
+)
+def test_bad_dashboard_settings(tmp_path: Path, section: Any, fragments: list[str]) -> None:
+    if "user" in str(section) and os.geteuid() != 0:
+        pytest.skip("the user is checked only where the daemon is root")
+    path = tmp_path / "daemon.yaml"
+    path.write_text(json.dumps({"dashboard": section}))
+    with pytest.raises(ConfigError) as err:
+        load_dashboard_settings(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg
+    for f in fragments:
+        assert f in msg, msg
+
+
+def test_dashboard_settings_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.yaml"
+    assert not load_dashboard_settings(path).enabled  # no file: off
+    path.write_text("scheduler: {mode: priority}\n")
+    assert not load_dashboard_settings(path).enabled  # no section: off
+    path.write_text("dashboard: {port: 9000}\n")
+    s = load_dashboard_settings(path)
+    assert (s.enabled, s.host, s.port, s.user) == (True, "127.0.0.1", 9000, "nobody")
+    path.write_text("dashboard: {port: 9000, enabled: false}\n")
+    assert not load_dashboard_settings(path).enabled
+
+
+def test_daemon_refuses_a_bad_dashboard_section(dl: Env) -> None:
+    dl.settings({"dashboard": {"port": -1}})
+    r = dl.det("daemon")  # in the foreground: the error, and no daemon
+    one_line_error(r, "dashboard.port", "1-65535")
+    assert dl.daemon_pid() is None
