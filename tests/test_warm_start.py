@@ -242,7 +242,8 @@ def test_daemon_restart_adopts_no_zygote(dl: Env) -> None:
     wait_for(lambda: _gone(zygote_pid), timeout=60, what="the old zygote to exit")
     assert [t.state.value for t in dl.trials(1)] == ["COMPLETED", "COMPLETED"]
     assert {j.trial_id: j.exit_code for j in dl.jobs()} == {1: 0, 2: 0}
-    assert [p.name for p in (dl.home / "run" / "z").iterdir()] == ["1.1"]
+    # no new zygote: only the old one's directory and its wrapper's exit file (root's)
+    assert sorted(p.name for p in (dl.home / "run" / "z").iterdir()) == ["1.1", "1.1.exit"]
 
 
 def test_zygote_stops_when_its_experiment_ends(dl: Env) -> None:
