@@ -286,6 +286,29 @@ def test_shell_entrypoint_starts_cold_said_once(dl: Env) -> None:
     assert said == ["experiment 1: its trials start cold: the entrypoint uses shell syntax"]
 
 
+def test_launcher_entrypoint_starts_cold_said_once(dl: Env) -> None:
+    """A search whose trials run under torch_distributed: cold (its workers are torchrun's
+    subprocesses), said once for the experiment, not once per trial."""
+    cfg, ctx = dl.context(
+        "print('worker')\n",
+        {
+            "entrypoint": "python3 -m det_local.launch.torch_distributed python3 train.py",
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
+            "hyperparameters": {"x": {"type": "categorical", "vals": [0, 1]}},
+            "resources": {"max_slots": 1},
+        },
+    )
+    dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert len(dl.trials(1)) == 2 and all(j.pid for j in dl.jobs())
+    said = [e for e in dl.events(1) if "start cold" in e]
+    assert said == [
+        "experiment 1: its trials start cold: its entrypoint is a launcher "
+        "(det_local.launch.torch_distributed), whose workers are started by the launcher itself "
+        "as new processes (see sched/zygotes.py)"
+    ]
+    assert not (dl.home / "run" / "z").exists()
+
+
 # ---------------------------------------------------------------------------- the plan alone
 def _plan(tmp: Path, entrypoint: Any, searcher: str = "grid", **env: str) -> LaunchPlan:
     (tmp / "train.py").write_text(

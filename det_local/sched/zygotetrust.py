@@ -20,6 +20,10 @@ the daemon (root, for a whole lab), which acts on it only once the kernel has co
   readable once its process ended), which is checked last. Only then does the daemon write the
   pid into the job's cgroup, and it checks again afterwards that the process is still alive
   (so the pid named it during the write); every signal before that goes through the pidfd.
+  What is left is a window of two system calls (the last check, the write), in which the
+  user would have to end the process, have the zygote reap it, and have the kernel hand its
+  pid to another process, the pid allocator having gone round all of pid_max; the check after
+  the write then sees it ended and the trial starts cold.
 
 :class:`Untrusted` carries one line: what the zygote did, for the daemon's event log.
 """
