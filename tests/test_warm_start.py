@@ -242,7 +242,8 @@ def test_daemon_restart_adopts_no_zygote(dl: Env) -> None:
     wait_for(lambda: _gone(zygote_pid), timeout=60, what="the old zygote to exit")
     assert [t.state.value for t in dl.trials(1)] == ["COMPLETED", "COMPLETED"]
     assert {j.trial_id: j.exit_code for j in dl.jobs()} == {1: 0, 2: 0}
-    assert [p.name for p in (dl.home / "run" / "z").iterdir()] == ["1.1"]
+    # no new zygote: only the old one's directory and its wrapper's exit file (root's)
+    assert sorted(p.name for p in (dl.home / "run" / "z").iterdir()) == ["1.1", "1.1.exit"]
 
 
 def test_zygote_stops_when_its_experiment_ends(dl: Env) -> None:
@@ -285,6 +286,29 @@ def test_shell_entrypoint_starts_cold_said_once(dl: Env) -> None:
     assert said == ["experiment 1: its trials start cold: the entrypoint uses shell syntax"]
 
 
+def test_launcher_entrypoint_starts_cold_said_once(dl: Env) -> None:
+    """A search whose trials run under torch_distributed: cold (its workers are torchrun's
+    subprocesses), said once for the experiment, not once per trial."""
+    cfg, ctx = dl.context(
+        "print('worker')\n",
+        {
+            "entrypoint": "python3 -m det_local.launch.torch_distributed python3 train.py",
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
+            "hyperparameters": {"x": {"type": "categorical", "vals": [0, 1]}},
+            "resources": {"max_slots": 1},
+        },
+    )
+    dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert len(dl.trials(1)) == 2 and all(j.pid for j in dl.jobs())
+    said = [e for e in dl.events(1) if "start cold" in e]
+    assert said == [
+        "experiment 1: its trials start cold: its entrypoint is a launcher "
+        "(det_local.launch.torch_distributed), whose workers are started by the launcher itself "
+        "as new processes (see sched/zygotes.py)"
+    ]
+    assert not (dl.home / "run" / "z").exists()
+
+
 # ---------------------------------------------------------------------------- the plan alone
 def _plan(tmp: Path, entrypoint: Any, searcher: str = "grid", **env: str) -> LaunchPlan:
     (tmp / "train.py").write_text(
@@ -318,7 +342,16 @@ def test_warm_spec_preloads_the_scripts_top_level_imports(tmp_path: Path) -> Non
         ("python3 train.py", "single", {}, "a single-trial experiment (not a search)", True),
         ("python3 train.py", "grid", {"DET_LOCAL_WARM_START": "off"}, "is off", True),
         ("python3 train.py | tee x", "grid", {}, "the entrypoint uses shell syntax", False),
-        ("torchrun train.py", "grid", {}, "the entrypoint is not `python script.py`", False),
+        ("torchrun train.py", "grid", {}, "its entrypoint is a launcher (torchrun)", False),
+        (
+            "python3 -m determined.launch.torch_distributed python3 train.py",
+            "grid",
+            {},
+            "its entrypoint is a launcher (determined.launch.torch_distributed), whose workers",
+            False,
+        ),
+        ("python3 -m det_local.launch.deepspeed python3 train.py", "grid", {}, "launcher", False),
+        ("bash train.py", "grid", {}, "the entrypoint is not `python script.py`", False),
         (["python3", "train.py"], "grid", {}, "not a plain `python script.py` string", False),
         ("python3 missing.py", "grid", {}, "its script missing.py is not a file", False),
     ],

@@ -14,8 +14,10 @@ Modes (`detect`, shown by `det-local daemon status`):
   process that leaves it with ``setsid`` escapes kill.
 
 A job's cgroup is ``<mount>/det-local/<home hash>/job-<id>-<run>``, created by the daemon before
-the job starts. The job's wrapper (which stays root; see `executor`) writes its own pid into it
-before it runs anything, so every descendant is born inside. Users cannot move a process out:
+the job starts. A zygote (warm starts, `sched/zygotes.py`) has one of its own beside them,
+``zygote-<experiment>.<serial>``, denied every GPU: its trials leave it for their jobs'
+cgroups. The job's wrapper (which stays root; see `executor`) writes its own pid into it before
+it runs anything, so every descendant is born inside. Users cannot move a process out:
 ``cgroup.procs`` of the det-local subtree belongs to root.
 
 Cost: making and removing a cgroup is ~0.05 ms; what costs is the kernel moving the wrapper into
@@ -86,16 +88,23 @@ class Containment:
 
     def job(self, job_id: int, run_id: int) -> JobCgroup | None:
         """The cgroup of one run of a job (it may not exist); None when cgroups are off."""
+        return self.named(f"job-{job_id}-{run_id}")
+
+    def named(self, name: str) -> JobCgroup | None:
+        """The cgroup `name` under this home's (it may not exist); None when cgroups are off."""
         if self.base is None:
             return None
-        name = f"job-{job_id}-{run_id}"
         dev = self.devices / name if self.devices is not None else None
         return JobCgroup(self.mode, self.base / name, dev)
 
     def create(self, job_id: int, run_id: int, deny_minors: Iterable[int] = ()) -> JobCgroup | None:
         """Make the run's cgroup (emptying a stale one of the same name first); the devices
         cgroup denies the GPUs in `deny_minors`. OSError when it cannot be made."""
-        cg = self.job(job_id, run_id)
+        return self.create_named(f"job-{job_id}-{run_id}", deny_minors)
+
+    def create_named(self, name: str, deny_minors: Iterable[int] = ()) -> JobCgroup | None:
+        """`create` for any cgroup of this home (a zygote's: ``zygote-<name>``)."""
+        cg = self.named(name)
         if cg is None:
             return None
         deny = sorted(set(deny_minors))
@@ -111,14 +120,14 @@ class Containment:
                 _write(cg.devices / "devices.deny", f"c {NVIDIA_MAJOR}:{minor} rwm")
         return cg
 
-    def leftovers(self, keep: set[str]) -> list[JobCgroup]:
+    def leftovers(self, keep: set[str], prefix: str = "job-") -> list[JobCgroup]:
         """Job cgroups of this home not named in `keep` (runs of an earlier daemon whose jobs
-        have ended): the caller kills and removes them."""
+        have ended): the caller kills and removes them. With ``prefix="zygote-"``: zygotes'."""
         if self.base is None:
             return []
         out = []
         try:
-            names = [p.name for p in self.base.iterdir() if p.name.startswith("job-")]
+            names = [p.name for p in self.base.iterdir() if p.name.startswith(prefix)]
         except OSError:
             return []
         for name in names:

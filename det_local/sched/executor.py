@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -299,7 +300,12 @@ def exit_code(proc: JobProc) -> int | None:
     cannot be trusted (`proc.problem` then says why)."""
     if proc.popen is not None:
         return proc.popen.poll()
-    if is_alive(proc.pid):
+    if proc.forked and proc.pidfd is not None:
+        # a warm trial is its zygote's child, reaped by it: its pid may be reused once it is
+        # gone, its pidfd never
+        if not select.select([proc.pidfd], [], [], 0)[0]:
+            return None
+    elif is_alive(proc.pid):
         return None
     _await_reaped(proc.pid)  # a warm trial (adopted too): its zygote records it, then reaps it
     code, proc.problem = exit_status(proc.exit_file, proc.legacy_exit_file, proc.uid)

@@ -127,7 +127,11 @@ class LocalLauncher:
         # how jobs are contained: detected at start (it creates this home's cgroup subtree)
         self.containment = cgroups.Containment(cgroups.OFF, "the engine has not started")
         # warm starts (`sched/zygotes.py`): None when the daemon's switch turns them off
-        self.zygotes = zygotes.ZygotePool(paths, note) if zygotes.daemon_enabled() else None
+        self.zygotes = (
+            zygotes.ZygotePool(paths, note, self._zygote_cgroup)
+            if zygotes.daemon_enabled()
+            else None
+        )
 
     def start(self) -> None:
         self.containment = cgroups.detect(self.paths.home, self.cgroup_setting)
@@ -188,6 +192,13 @@ class LocalLauncher:
                 self.zygotes.cold(job.experiment_id, spec)
             return None
         return self.zygotes.fork(job.id, plan, spec, exit_file, legacy, cgroup)
+
+    def _zygote_cgroup(self, plan: LaunchPlan, name: str) -> cgroups.JobCgroup | None:
+        """A zygote's own cgroup, where its trial would get one: visible, killable, and denied
+        every GPU (it must not touch one; its trials are moved into their jobs' cgroups)."""
+        if not self._contains(plan):
+            return None
+        return self.containment.create_named(f"zygote-{name}", self._fenced_minors([]))
 
     def _contains(self, plan: LaunchPlan) -> bool:
         """Whether this run gets a cgroup: with `cgroups: auto`, a run that crosses a trust
@@ -291,6 +302,11 @@ class LocalLauncher:
     def cleanup(self, live: set[str]) -> None:
         for cgroup in self.containment.leftovers(keep=live):  # runs that ended meanwhile
             self._drain_now(cgroup)
+        # an earlier daemon's zygotes: empty ones go; one still recording the exit status of
+        # a trial it forked stays until that trial ends (it exits then; the next restart or
+        # the engine's stop removes its cgroup)
+        for cgroup in self.containment.leftovers(keep=set(), prefix="zygote-"):
+            cgroup.remove()
 
     def _drain_now(self, cgroup: cgroups.JobCgroup | None) -> None:
         """At a restart: SIGKILL what is left in a cgroup whose job is over, wait (a bounded

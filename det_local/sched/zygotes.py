@@ -8,10 +8,29 @@ daemon's environment ``DET_LOCAL_WARM_STARTS``, default on; 0/false/off turns th
 the experiment (``DET_LOCAL_WARM_START`` in its ``environment_variables``: 1/on forces them on,
 0/off off; unset means on for searches, i.e. a searcher other than ``single``); the entrypoint is
 a plain ``python[3] script.py [args]`` string (no shell syntax, no launcher, no startup hook,
-which could change the environment); the trial runs as the daemon's own user (a root daemon's
-trial of another user starts cold for now: the zygote would be started through the same
-setpriv path as the trial, as that user, but that is not verified by a test yet). A search's
-trial that cannot be forked says why once per experiment (an event).
+which could change the environment). A search's trial that cannot be forked says why once per
+experiment (an event).
+
+Other users' trials (a root daemon for a lab): the zygote is spawned exactly as the trial would
+be (`executor.spawn`: root wrapper, setpriv to the trial's uid, gid, supplementary groups, its
+umask, ``env -C`` into its cwd, its stable environment), in a cgroup of its own beside the jobs'
+(``zygote-<experiment>.<serial>``, denied every GPU) where the trial would get one, so it is
+visible and killable; its wrapper's exit file is in root's ``run/z/``, its socket and log in a
+directory of the user's (``run/z/<experiment>.<serial>/``). Each forked trial is moved into its
+job's cgroup before it runs. The key holds the uid, gid, groups and umask: a trial of another
+user never reaches this zygote. The zygote is the user's process (they can trace or replace
+it), so nothing it says is acted on unchecked (`sched/zygotetrust.py`): a zygote whose socket,
+listener, answer or forked pid does not check out is stopped, its trial and the experiment's
+next ones start cold, and one warning says why.
+
+Launchers stay cold. ``python3 -m determined.launch.torch_distributed`` (and deepspeed, horovod,
+torchrun) is a supervisor process that starts ``torch.distributed.run``, whose elastic agent
+starts every worker itself with ``subprocess.Popen`` (a script or ``--module`` entrypoint is a
+"binary" to torchelastic: its fork-based start methods take only Python functions); DeepSpeed's
+runner and horovodrun do the same through their own subprocess launchers. The process worth
+forking (a worker that imports torch) is a grandchild of the trial process, created by code
+det-local does not own, so there is nothing a zygote could stand in for; forking the launcher
+itself would save only its own short start. Such a search's trials say so once per experiment.
 
 What is preloaded: the absolute top-level imports of the entrypoint script that are not the
 context's own modules (found with ``ast``, never by running it), plus ``determined``, plus
@@ -34,6 +53,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -42,6 +62,7 @@ from pathlib import Path
 
 from det_local import rpc
 from det_local.sched import executor, userfiles
+from det_local.sched import zygotetrust as trust
 from det_local.sched.cgroups import JobCgroup
 from det_local.sched.plan import LaunchPlan
 from det_local.store.paths import Paths
@@ -51,11 +72,12 @@ DAEMON_SWITCH = "DET_LOCAL_WARM_STARTS"  # the daemon's environment
 EXPERIMENT_SWITCH = "DET_LOCAL_WARM_START"  # an experiment's environment_variables
 PRELOAD_VAR = "DET_LOCAL_PRELOAD"  # an experiment's extra modules to preload
 ALWAYS = ("determined",)
-CONNECT_TIMEOUT_S = 2.0
+ANSWER_TIMEOUT_S = 2.0  # a zygote's whole answer to a fork request, connection included
 SOCKET_MAX = 100  # sun_path holds 108 bytes
 PER_TRIAL = {"CUDA_VISIBLE_DEVICES"}
 _PYTHON = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
 _SHELL_SYNTAX = set("|&;<>()$`\\\"'*?[]#~=%{}\n")
+LAUNCHER_PROGRAMS = {"torchrun", "deepspeed", "horovodrun"}
 _OFF = {"0", "false", "off", "no"}
 _ON = {"1", "true", "on", "yes"}
 
@@ -105,10 +127,6 @@ def warm_spec(plan: LaunchPlan) -> WarmSpec | Cold:
 
 def _cold_reason(plan: LaunchPlan, config: dict[str, object]) -> str | None:
     """Why a search's trial cannot be forked (None: it can)."""
-    if plan.uid is not None and plan.uid != os.geteuid():
-        # the zygote would run as that user through setpriv like a trial, but this is not
-        # verified yet: the test users cannot run this machine's Python
-        return "it runs as another user than the daemon's (warm starts are not verified there)"
     entrypoint = config.get("entrypoint")
     if not isinstance(entrypoint, str):
         return "the entrypoint is not a plain `python script.py` string"
@@ -117,10 +135,29 @@ def _cold_reason(plan: LaunchPlan, config: dict[str, object]) -> str | None:
     if _SHELL_SYNTAX & set(entrypoint.strip()):
         return "the entrypoint uses shell syntax"
     words = shlex.split(entrypoint)
+    launcher = _launcher(words)
+    if launcher is not None:
+        return (
+            f"its entrypoint is a launcher ({launcher}), whose workers are started by the "
+            "launcher itself as new processes (see sched/zygotes.py)"
+        )
     if len(words) < 2 or not _PYTHON.match(words[0]) or not words[1].endswith(".py"):
         return "the entrypoint is not `python script.py` (a launcher or another program)"
     if not (Path(plan.cwd) / words[1]).is_file():
         return f"its script {words[1]} is not a file of the context"
+    return None
+
+
+def _launcher(words: list[str]) -> str | None:
+    """The launcher an entrypoint runs (`python -m <launcher>`, torchrun, deepspeed), if any."""
+    if words and Path(words[0]).name in LAUNCHER_PROGRAMS:
+        return Path(words[0]).name
+    if len(words) >= 3 and _PYTHON.match(words[0]) and words[1] == "-m":
+        module = words[2]
+        if module in ("torch.distributed.run", "torch.distributed.launch") or module.startswith(
+            ("determined.launch.", "det_local.launch.")
+        ):
+            return module
     return None
 
 
@@ -176,18 +213,25 @@ def top_imports(source: bytes, context: Path) -> list[str]:
 @dataclass
 class Zygote:
     key: str
-    proc: executor.JobProc  # its wrapper
+    proc: executor.JobProc  # its wrapper (root's, the daemon's child), with its cgroup
     socket: Path
     log: Path
     uid: int | None
+    ids: trust.Ids  # what it and its trials run as
 
 
 class ZygotePool:
     """The live zygotes, one per experiment; ``fork`` is the warm start."""
 
-    def __init__(self, paths: Paths, note: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        paths: Paths,
+        note: Callable[..., None],
+        cgroup_for: Callable[[LaunchPlan, str], JobCgroup | None] = lambda plan, name: None,
+    ) -> None:
         self.paths = paths
         self.note = note
+        self.cgroup_for = cgroup_for  # a zygote's own cgroup (None: none), named after it
         self.zygotes: dict[int, Zygote] = {}  # experiment id -> its zygote
         self.failed: dict[str, str] = {}  # key -> why its zygote cannot serve (noted once)
         self.cold_noted: set[int] = set()  # experiments whose trials were said to start cold
@@ -196,11 +240,13 @@ class ZygotePool:
 
     # ------------------------------------------------------------------ starting
     def start(self, spec: WarmSpec, plan: LaunchPlan) -> None:
-        """Start the experiment's zygote for this key (replacing one with another key)."""
+        """Start the experiment's zygote for this key (replacing one with another key): as the
+        trial's user, through `executor.spawn` like a trial, in a cgroup of its own where the
+        trial would have one."""
         self.stop(spec.experiment_id)
         self.serial += 1
         zdir = self.paths.run_dir / "z" / f"{spec.experiment_id}.{self.serial}"
-        while os.path.lexists(zdir):  # left by an earlier daemon (its zygote is not adopted)
+        while os.path.lexists(zdir) or os.path.lexists(_exit_file(zdir)):  # an earlier daemon's
             self.serial += 1
             zdir = zdir.with_name(f"{spec.experiment_id}.{self.serial}")
         sock = zdir / "s"
@@ -230,12 +276,19 @@ class ZygotePool:
             info_dir=str(zdir),
             ports={},
         )
+        cgroup = None
         try:
-            proc = executor.spawn(0, zplan, zdir / "exit")
+            cgroup = self.cgroup_for(plan, zdir.name)
+            # its exit file in root's directory (z/), never in the user's own (z/<name>/)
+            proc = executor.spawn(0, zplan, _exit_file(zdir), cgroup=cgroup)
         except Exception as err:  # noqa: BLE001 - a zygote that cannot start: trials go cold
-            self._fail(spec, f"it could not start: {err}")
+            if cgroup is not None:
+                cgroup.remove()
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            self._fail(spec, f"it could not start: {why}")
             return
-        self.zygotes[spec.experiment_id] = Zygote(spec.key, proc, sock, zdir / "log", plan.uid)
+        ids = trust.expected_ids(plan.uid, plan.gid)
+        self.zygotes[spec.experiment_id] = Zygote(spec.key, proc, sock, zdir / "log", plan.uid, ids)
 
     def _fail(self, spec: WarmSpec, why: str) -> None:
         if spec.key not in self.failed:
@@ -279,7 +332,7 @@ class ZygotePool:
         if executor.exit_code(zygote.proc) is not None:  # gone: why, then a new one
             self._ended(spec, zygote, plan)
             return None
-        if not zygote.socket.exists():
+        if not os.path.lexists(zygote.socket):
             return None  # still importing
         return self._request(job_id, plan, spec, zygote, exit_file, legacy_exit_file, cgroup)
 
@@ -298,7 +351,7 @@ class ZygotePool:
                 "trial starts cold and a new zygote is started",
                 experiment_id=spec.experiment_id,
             )
-        shutil.rmtree(zygote.log.parent, ignore_errors=True)
+        _remove(zygote)
         if not refused:
             self.start(spec, plan)
 
@@ -312,6 +365,9 @@ class ZygotePool:
         legacy_exit_file: Path,
         cgroup: JobCgroup | None,
     ) -> executor.JobProc | None:
+        """Ask the zygote for a fork; every answer is checked (`sched/zygotetrust.py`) before
+        the daemon acts on it. A zygote that says anything the daemon cannot verify is stopped
+        and its key marked failed: this trial and the experiment's next start cold."""
         log = Path(plan.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         owner = userfiles.owner_of(plan)
@@ -324,11 +380,12 @@ class ZygotePool:
         if owner is not None and legacy_exit_file.parent.stat().st_uid != owner.uid:
             os.chown(legacy_exit_file.parent, owner.uid, owner.gid)
         fd = userfiles.open_log(log, owner)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = None
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        sock: socket.socket | None = None
+        pidfd = None
         try:
-            sock.settimeout(CONNECT_TIMEOUT_S)
-            sock.connect(str(zygote.socket))
+            sock = trust.connect(zygote.socket, zygote.ids, deadline)
+            zygote_pid = trust.check_listener(sock, zygote.proc.pid, zygote.ids)
             socket.send_fds(sock, [b"F"], [fd])
             rpc.send(
                 sock,
@@ -341,31 +398,53 @@ class ZygotePool:
                     "exit_file": str(legacy_exit_file),
                 },
             )
-            answer = rpc.recv(sock)
-            if answer is None or answer.get("t") != "forked":
-                why = (answer or {}).get("error", "no answer")
-                self.note(f"job {job_id}: the zygote refused a warm start ({why}); cold start")
+            answer = trust.recv_answer(sock, deadline)
+            if answer.get("t") == "refused":  # a zygote's own word: not now (threads running)
+                said = str(answer.get("error", ""))[:200].splitlines()[:1] or ["no reason"]
+                self.note(f"job {job_id}: the zygote refused a warm start ({said[0]}); cold start")
                 return None
-            pid = int(answer["pid"])
+            pid = trust.forked_pid(answer)
+            pidfd = trust.open_child(pid, zygote_pid, zygote.ids)
+            # verified: moved into the job's cgroup, then checked alive (the pid was its own)
             for procs in cgroup.procs_files() if cgroup is not None else []:
                 with open(procs, "w") as f:
                     f.write(str(pid))
-            pidfd = os.pidfd_open(pid)
+            if not trust.alive(pidfd):
+                raise trust.Untrusted(f"its trial {pid} ended before it was told to start")
             rpc.send(sock, {"t": "go"})
-        except (OSError, rpc.FrameError, ValueError, KeyError) as err:
-            if pid is not None:  # forked, never told to go: it ends, the zygote reaps it
-                executor.signal_group(pid, 9)
-            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        except trust.Untrusted as err:
+            self._distrust(job_id, spec, pidfd, str(err))
+            return None
+        except OSError as err:  # the connection or the cgroup write failed: this trial cold
+            if pidfd is not None:
+                _kill(pidfd)
+            why = err.strerror if err.strerror else str(err)
             self.note(f"job {job_id}: warm start failed ({why}); cold start", level="WARNING")
             return None
         finally:
-            sock.close()
+            if sock is not None:
+                sock.close()
             os.close(fd)
         proc = executor.JobProc(
             job_id, pid, None, pidfd, exit_file, cgroup, legacy_exit_file, plan.uid, forked=True
         )
         proc.started = executor.start_time(pid) or time.time()
         return proc
+
+    def _distrust(self, job_id: int, spec: WarmSpec, pidfd: int | None, why: str) -> None:
+        """The zygote said what the daemon cannot verify: what it forked (if verified) is
+        killed through its pidfd, the zygote stopped, and the experiment's trials start cold;
+        one line."""
+        if pidfd is not None:
+            _kill(pidfd)
+        self.failed[spec.key] = why
+        self.stop(spec.experiment_id)
+        self.note(
+            f"experiment {spec.experiment_id}: warm starts off, its trials start cold (job "
+            f"{job_id} too): its zygote is not trusted: {why}",
+            experiment_id=spec.experiment_id,
+            level="WARNING",
+        )
 
     # ------------------------------------------------------------------ stopping
     def stop(self, experiment_id: int) -> None:
@@ -382,13 +461,39 @@ class ZygotePool:
         remove their directories."""
         for zygote in list(self.stopping):
             if executor.exit_code(zygote.proc) is not None:
-                executor.close(zygote.proc)
                 self.stopping.remove(zygote)
-                shutil.rmtree(zygote.log.parent, ignore_errors=True)  # links are not followed
+                _remove(zygote)
 
     def stop_all(self) -> None:
         for experiment_id in list(self.zygotes):
             self.stop(experiment_id)
+
+
+def _exit_file(zdir: Path) -> Path:
+    return zdir.with_name(f"{zdir.name}.exit")
+
+
+def _remove(zygote: Zygote) -> None:
+    """What an ended zygote leaves: its wrapper's descriptor, whatever is left in its cgroup
+    (its trials are in their own), its cgroup, its directory and exit file."""
+    executor.close(zygote.proc)
+    if zygote.proc.cgroup is not None:
+        executor.kill_rest(zygote.proc)
+        executor.release(zygote.proc)
+    shutil.rmtree(zygote.log.parent, ignore_errors=True)  # links are not followed
+    try:
+        _exit_file(zygote.log.parent).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _kill(pidfd: int) -> None:
+    """SIGKILL the process a pidfd names (never a pid that may have been reused)."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    os.close(pidfd)
 
 
 def _current_umask() -> int:

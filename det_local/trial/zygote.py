@@ -15,10 +15,11 @@ descriptor (SCM_RIGHTS) and a frame ``{t: fork, argv, env, cwd, umask, exit_file
 forks. The child makes itself what a fresh trial process would be (its own session, umask,
 stdout/stderr to the log, stdin /dev/null), answers ``{t: forked, pid}`` (so the daemon's
 process group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once
-the daemon has moved it into the job's cgroup), takes its cwd, exactly ``env``, ``sys.argv``,
-``sys.path[0]`` the script's directory, then runs the script with
-``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is a fresh
-fork of the zygote, which runs no trial code itself.
+the daemon has moved it into the job's cgroup, having checked the pid), takes its cwd, exactly
+``env`` (plus what a fresh interpreter adds to it at start-up: the C locale coercion's LC_CTYPE,
+:func:`interpreter_added`), ``sys.argv``, ``sys.path[0]`` the script's directory, then runs the
+script with ``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is
+a fresh fork of the zygote, which runs no trial code itself.
 
 The zygote reaps its children and writes each one's exit status (the wrapper's convention:
 128+N for signal N) to its ``exit_file`` before the pid disappears (waitid WNOWAIT), so the
@@ -108,10 +109,26 @@ def write_exit(path: str, status: int) -> None:
         _say(f"cannot write the exit status of a trial to {path}: {err.strerror}")
 
 
+def interpreter_added() -> dict[str, str]:
+    """What this interpreter added to its own environment at start-up (PEP 538's C locale
+    coercion sets LC_CTYPE=C.UTF-8 where no locale is set): the variables of os.environ that
+    are not in the environment it was started with (/proc/self/environ, which setenv does not
+    change). A fresh interpreter started with a trial's environment adds the same, since the
+    trial's differs from the zygote's only in det-local's per-trial variables."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    initial = {item.partition(b"=")[0] for item in raw.split(b"\0") if item}
+    return {k: v for k, v in os.environ.items() if os.fsencode(k) not in initial}
+
+
 class Zygote:
     def __init__(self, sock_path: str, daemon_pid: int, daemon_uid: int) -> None:
         self.sock_path = sock_path
         self.daemon_uid = daemon_uid
+        self.added = interpreter_added()
         self.children: dict[int, str] = {}  # pid -> its exit file
         self.accepting = True
         self.sel = selectors.DefaultSelector()
@@ -250,7 +267,7 @@ class Zygote:
         conn.close()
         if go is None or go.get("t") != "go":
             return 125
-        return run(list(req["argv"]), dict(req["env"]), str(req["cwd"]))
+        return run(list(req["argv"]), {**self.added, **dict(req["env"])}, str(req["cwd"]))
 
 
 def run(argv: list[str], env: dict[str, str], cwd: str) -> int:
