@@ -8,43 +8,17 @@ tests/artifacts/ (git-ignored; CI keeps them)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import ARTIFACTS, chromium, console_errors, require, until
 
-pytest.importorskip("starlette", reason="the dashboard needs the web extra")
-pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
-from _dashboard import Server, World, finished_experiment, make_world, serve
-from conftest import wait_for
-
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-
-if not (os.access(CHROMIUM, os.X_OK) or shutil.which("chromium")):
-    pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
-
-
-def until(page: Any, expression: str, timeout: float = 30.0) -> Any:
-    """Poll a JavaScript expression in the page until it is truthy. page.evaluate, not
-    wait_for_function: the dashboard's Content-Security-Policy forbids the eval that
-    wait_for_function's string predicates use (and the test keeps that policy on)."""
-    return wait_for(lambda: page.evaluate(expression), timeout=timeout, what=expression)
+require()
+from _dashboard import Server, World, finished_experiment, make_world, serve  # noqa: E402
+from conftest import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +34,13 @@ def server(world: World) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def test_dashboard_in_chromium(world: World, server: Server, browser: Any) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda err: problems.append(str(err)))
+    problems = console_errors(page)
     page.set_default_timeout(30_000)
 
     # the experiments page lists the finished experiment (its name as text)

@@ -16,12 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _browser import ARTIFACTS, chromium, console_errors, require, until
 
-pytest.importorskip("starlette", reason="the dashboard needs the web extra")
-pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
-from _dashboard import Server, World, make_world, serve
-from conftest import wait_for
-from test_dashboard_browser import ARGS, ARTIFACTS, CHROMIUM, playwright, until
+require()
+from _dashboard import Server, World, make_world, serve  # noqa: E402
+from conftest import wait_for  # noqa: E402
 
 # training loss every batch; validations every 2 (val_gap: 0.25, 0, -0.25, -0.5); a
 # checkpoint every 4 batches. hparams.ranks: two workers print through wrap_rank instead.
@@ -93,21 +92,14 @@ def server(world: World, exps: dict[str, int]) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda err: problems.append(str(err)))
+    problems = console_errors(page)
     page.set_default_timeout(30_000)
     yield page
     page.close()

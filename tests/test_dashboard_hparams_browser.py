@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,25 +20,18 @@ from typing import Any
 
 import pytest
 import yaml
+from _browser import ARTIFACTS, chromium, console_errors, require, until
 
-pytest.importorskip("starlette", reason="the dashboard needs the web extra")
-pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
-from _dashboard import Server, World, make_world, serve
-from conftest import wait_for
+require()
+from _dashboard import Server, World, make_world, serve  # noqa: E402
+from conftest import wait_for  # noqa: E402
 
-from det_local.store.db import Store
-from det_local.store.paths import Paths
+from det_local.store.db import Store  # noqa: E402
+from det_local.store.paths import Paths  # noqa: E402
 
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
 TRIALS = 14
 
-if not (os.access(CHROMIUM, os.X_OK) or shutil.which("chromium")):
-    pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 
 # a validation every 2 batches (with the time metric); with hparams.gate, it holds after its
 # first validation until that file exists
@@ -100,12 +92,6 @@ def context(world: World, name: str, cfg: dict[str, Any]) -> tuple[Path, Path]:
     return ctx / "config.yaml", ctx
 
 
-def until(page: Any, expression: str, timeout: float = 30.0) -> Any:
-    """Poll a JavaScript expression until it is truthy (page.evaluate: the page's CSP forbids
-    the eval behind wait_for_function's string predicates)."""
-    return wait_for(lambda: page.evaluate(expression), timeout=timeout, what=expression)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return make_world(tmp_path_factory.mktemp("hpbrowser"), dict(os.environ))
@@ -126,21 +112,14 @@ def server(world: World, exp_id: int) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    ARTIFACTS.mkdir(exist_ok=True)
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-    problems: list[str] = []
-    pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    pg.on("pageerror", lambda err: problems.append(str(err)))
+    problems = console_errors(pg)
     pg.set_default_timeout(30_000)
     yield pg
     assert problems == []  # CSP violations are console errors too

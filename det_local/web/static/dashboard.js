@@ -277,8 +277,14 @@ async function experimentPage() {
     syncCharts(container, charts, ordered, {axis: UNITS[c.unit].axis, logY: c.logY});
   }
 
+  // the newest request wins: an answer to an older one (another group, an earlier poll) that
+  // arrives late is dropped, so a chart never flips back to what the user left
+  let loads = 0;
   async function load() {
-    body = await getJSON(`/api/experiments/${PAGE.experiment_id}/metrics?group=${group}`);
+    const seq = ++loads;
+    const got = await getJSON(`/api/experiments/${PAGE.experiment_id}/metrics?group=${group}`);
+    if (seq !== loads) return;
+    body = got;
     render();
   }
   async function show(g) {

@@ -1,0 +1,92 @@
+"""Make the README's dashboard pictures from a real run: examples/digits_pytorch's adaptive ASHA
+search (adaptive.yaml, 16 trials) on 2 CPU slots in a throwaway home, then `det-local dashboard`
+over it, photographed in Debian's headless chromium (Playwright): docs/dashboard.png (the
+experiment page's learning curves) and docs/dashboard-hparams.png (the hyperparameter views).
+
+Usage: python docs/screenshots.py   (about a minute; needs the test extra and chromium)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "digits_pytorch"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
+
+
+def det(env: dict[str, str], *argv: str) -> None:
+    cmd = [sys.executable, "-m", "det_local.cli.main", *argv]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(page: object, expression: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the page never showed {expression}")
+        time.sleep(0.2)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as home:
+        env = {
+            **os.environ,
+            "DET_LOCAL_HOME": home,
+            "DET_LOCAL_CPU_SLOTS": "2",
+            "DET_LOCAL_METRIC_LINES": "0",
+        }
+        det(env, "run", str(EXAMPLE / "adaptive.yaml"), str(EXAMPLE))
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(base + "/api/", timeout=2).read()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the dashboard did not answer") from None
+                    time.sleep(0.1)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(
+                    executable_path="/usr/bin/chromium", args=ARGS, headless=True
+                )
+                page = browser.new_page(viewport={"width": 1280, "height": 860})
+                page.goto(base + "/experiments/1")
+                until(page, "window.detCharts && window.detCharts.size > 0")
+                page.locator("#charts").scroll_into_view_if_needed()
+                page.screenshot(path=str(ROOT / "docs" / "dashboard.png"))
+                page.goto(base + "/experiments/1/hparams")
+                until(page, "document.querySelectorAll('canvas').length > 1")
+                time.sleep(1)  # ECharts' entry animation
+                page.screenshot(path=str(ROOT / "docs" / "dashboard-hparams.png"))
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
