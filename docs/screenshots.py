@@ -77,6 +77,7 @@ def main() -> None:
                 page.goto(base + "/experiments/1")
                 until(page, "window.detCharts && window.detCharts.size > 0")
                 page.locator("#charts").scroll_into_view_if_needed()
+                page.evaluate("window.scrollBy(0, -240)")  # the trials table's end, then charts
                 page.screenshot(path=str(ROOT / "docs" / "dashboard.png"))
                 page.goto(base + "/experiments/1/hparams")
                 until(page, "document.querySelectorAll('canvas').length > 1")
