@@ -8,9 +8,11 @@ tests/artifacts/ (git-ignored; CI keeps them)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from _browser import ARTIFACTS, chromium, console_errors, require, until
 require()
 from _dashboard import Server, World, finished_experiment, make_world, serve  # noqa: E402
 from conftest import wait_for  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +113,33 @@ def test_dashboard_in_chromium(world: World, server: Server, browser: Any) -> No
         run.wait()
     assert problems == []
     page.close()
+
+
+def test_the_digits_core_example_in_chromium(world: World, server: Server, browser: Any) -> None:
+    """The Quickstart's example itself (examples/digits_core, real torch on scikit-learn's
+    digits), run to its end: listed COMPLETED, its learning curve holds its 3 validations."""
+    example = world.tmp / "digits_core"
+    shutil.copytree(
+        REPO / "examples" / "digits_core", example, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    r = world.det("run", example / "const.yaml", example)
+    assert r.returncode == 0, r
+    exp_id = int(world.json("experiment", "list", "--all")[-1]["id"])
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = console_errors(page)
+    page.set_default_timeout(30_000)
+    page.goto(server.base + "/")
+    row = page.locator("#experiments tbody tr", has_text="digits-core-const")
+    assert row.count() == 1
+    assert "COMPLETED" in row.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-digits-core.png"), full_page=True)
+
+    row.locator(f"a[href='/experiments/{exp_id}']").first.click()
+    until(page, "window.detCharts && window.detCharts.has('validation_loss')")
+    xs, ys = page.evaluate("window.detCharts.get('validation_loss').plot.data")
+    assert xs == [100, 200, 300], xs
+    assert all(isinstance(y, float) and y > 0 for y in ys), ys
+    page.screenshot(path=str(ARTIFACTS / "dashboard-digits-core-experiment.png"), full_page=True)
+    page.close()
+    assert problems == []
