@@ -109,6 +109,7 @@ def test_logs_are_data_and_resume_from_offset(world: World, exp_id: int, server:
         ("/api/trials/999/metrics", 404, "trial 999 not found"),
         ("/api/trials/999/logs", 404, "trial 999 not found"),
         ("/api/trials/999/stream", 404, "trial 999 not found"),
+        ("/api/experiments/999/stream", 404, "experiment 999 not found"),
         ("/api/trials/abc", 404, "trial 'abc' not found: trial ids are whole numbers"),
         ("/api/nothing", 404, "no such API route: /api/nothing"),
         ("/api/trials/1/logs?offset=x", 400, "?offset='x' is not a whole number"),
@@ -171,8 +172,16 @@ def test_pages_show_user_strings_as_text(world: World, exp_id: int, server: Serv
 
 
 # ---------------------------------------------------------------------------- live
-def read_events(server: Server, path: str, until: str, box: list[tuple[str, Any]]) -> None:
+def read_events(
+    server: Server,
+    path: str,
+    until: str,
+    box: list[tuple[str, Any]],
+    connected: threading.Event | None = None,
+) -> None:
     with urllib.request.urlopen(server.base + path, timeout=60) as r:
+        if connected is not None:
+            connected.set()  # the stream's headers came: it watches from now on
         name = ""
         for raw in r:
             line = raw.decode().rstrip("\n")
@@ -215,12 +224,25 @@ def test_stream_sends_a_running_trials_new_lines(world: World, server: Server) -
                 f"/api/trials/{chunk['trial_id']}/stream?offset={chunk['offset']}",
                 "end",
                 events,
+                trial_connected := threading.Event(),
             ),
         )
+        exp_events: list[tuple[str, Any]] = []
+        connected = threading.Event()
+        exp_reader = threading.Thread(
+            target=read_events,
+            args=(server, f"/api/experiments/{exp['id']}/stream", "end", exp_events, connected),
+        )
         reader.start()
+        exp_reader.start()
+        assert connected.wait(30) and trial_connected.wait(30), "a stream did not answer"
         gate.write_text("go")
         reader.join(60)
-        assert not reader.is_alive()
+        exp_reader.join(60)
+        assert not reader.is_alive() and not exp_reader.is_alive()
+        # the experiment's stream: its trial's new reports, then its end
+        assert "metrics" in [name for name, _ in exp_events], exp_events
+        assert exp_events[-1] == ("end", {"state": "COMPLETED"}), exp_events
         lines = [ln for name, d in events if name == "log" for ln in d["lines"]]
         assert "RELEASED <b>bold</b>" in lines[0], lines  # nothing before the offset again
         assert any(name == "metrics" for name, _ in events)

@@ -12,6 +12,7 @@
     GET /api/trials/{id}/metrics?group=G         trial metrics --json, ~2,000 points a group
     GET /api/trials/{id}/logs?offset=N|tail=N    {"trial_id", "offset", "lines", "state"}
     GET /api/trials/{id}/stream?offset=N         live: server-sent events (live.py)
+    GET /api/experiments/{id}/stream             live: server-sent events (live.py)
     GET /api/jobs?all=1                          job list --json
     GET /api/slots                               slots --json
 
@@ -100,9 +101,14 @@ def index(request: Request) -> Response:
 
 
 def routes() -> list[Route]:
-    from det_local.web.live import trial_stream
+    from det_local.web.live import experiment_stream, trial_stream
 
-    return [*ROUTES[:-1], Route("/api/trials/{trial_id}/stream", trial_stream), ROUTES[-1]]
+    return [
+        *ROUTES[:-1],
+        Route("/api/trials/{trial_id}/stream", trial_stream),
+        Route("/api/experiments/{experiment_id}/stream", experiment_stream),
+        ROUTES[-1],
+    ]
 
 
 ROUTES = [

@@ -1,4 +1,4 @@
-"""Live updates of a trial as server-sent events (GET /api/trials/{id}/stream?offset=N):
+"""Live updates as server-sent events. A trial (GET /api/trials/{id}/stream?offset=N):
 
     event: log       data: {"offset": N, "lines": [...]}    new whole lines of its output
     event: metrics   data: {"last": ROW_ID}                 new metric reports (refetch them:
@@ -7,7 +7,11 @@
     event: end       data: {"state": ...}                   it stopped (ended or paused), and
                                                             everything it wrote was sent
 
-The stream polls the log file and the store (bounded: POLL_S, doubling to MAX_POLL_S while
+An experiment (GET /api/experiments/{id}/stream): `metrics` when any of its trials reported
+(data: {"last": ROW_ID}), `state` when its state changed, `end` once it is over (COMPLETED,
+CANCELED, ERROR; a paused experiment's stream stays open: it may be activated again).
+
+A stream polls the log file and the store (bounded: POLL_S, doubling to MAX_POLL_S while
 idle), in a worker thread so that the event loop never waits on a disk; a comment line every
 KEEPALIVE_S keeps proxies from closing an idle stream.
 """
@@ -82,6 +86,50 @@ async def _events(
             yield event("state", {"state": state})
             sent = True
         if not sent and stopped(state):
+            yield event("end", {"state": state})
+            return
+        if sent:
+            delay = POLL_S
+            quiet_since = time.monotonic()
+        else:
+            delay = min(delay * 2, MAX_POLL_S)
+            if time.monotonic() - quiet_since > KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+                quiet_since = time.monotonic()
+        await anyio.sleep(delay)
+
+
+async def experiment_stream(request: Request) -> Response:
+    try:
+        exp_id = path_id(request, "experiment_id")
+        state, last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, None)
+    except DetLocalError as err:
+        return json_response({"error": str(err)}, error_status(err))
+    return StreamingResponse(
+        _experiment_events(request, exp_id, last, state),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _experiment_events(
+    request: Request, exp_id: int, last: int, state: str
+) -> AsyncIterator[bytes]:
+    delay = POLL_S
+    quiet_since = time.monotonic()
+    yield b": live\n\n"
+    while not await request.is_disconnected():
+        new_state, new_last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, last)
+        sent = False
+        if new_last != last:
+            last = new_last
+            yield event("metrics", {"last": last})
+            sent = True
+        if new_state != state:
+            state = new_state
+            yield event("state", {"state": state})
+            sent = True
+        if not sent and State(state).terminal:
             yield event("end", {"state": state})
             return
         if sent:

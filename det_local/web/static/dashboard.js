@@ -202,41 +202,46 @@ function metricOrder(first) {
   return (a, b) => (b === first) - (a === first) || a.localeCompare(b);
 }
 
-const POLL_MS = 3000;
+const MIN_REFRESH_MS = 1000;
 
-// Live curves by polling: read where each of `ids` is (its newest report's row id, its
-// state), run `first` (the page's first fetch), then every POLL_MS, while any is not ended,
-// ask again and run `changed` when one has new reports or a new state.
-async function pollExperiments(ids, first, changed) {
-  const last = new Map();
-  const ended = new Set();
-  async function ask() {
-    let news = false;
-    for (const id of ids) {
-      if (ended.has(id)) continue;
-      const after = last.has(id) ? `?after=${last.get(id)}` : "";
-      const p = await getJSON(`/api/experiments/${id}/progress${after}`);
-      if (last.has(id) && p.last !== last.get(id)) news = true;
-      if (p.ended) { ended.add(id); news = news || last.has(id); }
-      last.set(id, p.last);
+// Live curves by server-sent events: each of `ids` streams its experiment's progress
+// (/api/experiments/ID/stream: "metrics" when a trial reported, "state", "end"). `first` draws
+// the page; then `changed` runs on news, at most once a second and never twice at once (the
+// server downsamples, so news costs one refetch of the curves, not a stream of points). A
+// stream's opening counts as news: it covers what was reported between the first fetch and it.
+async function followExperiments(ids, first, changed) {
+  let running = false;
+  let pending = false;
+  let lastRun = 0;
+  async function kick() {
+    if (running) { pending = true; return; }
+    running = true;
+    try {
+      const wait = lastRun + MIN_REFRESH_MS - Date.now();
+      if (wait > 0) await new Promise(resolve => setTimeout(resolve, wait));
+      lastRun = Date.now();
+      pending = false;
+      await changed();
+    } finally {
+      running = false;
+      if (pending) kick().catch(fail);
     }
-    return news;
   }
-  async function tick() {
-    if (await ask()) await changed();
-    if (ended.size < ids.length) setTimeout(() => tick().catch(fail), POLL_MS);
-  }
-  await ask();
   await first();
-  if (ended.size < ids.length) setTimeout(() => tick().catch(fail), POLL_MS);
+  for (const id of ids) {
+    const source = new EventSource(`/api/experiments/${id}/stream`);
+    source.onopen = () => kick().catch(fail);
+    source.addEventListener("metrics", () => kick().catch(fail));
+    source.addEventListener("state", () => kick().catch(fail));
+    source.addEventListener("end", () => { source.close(); kick().catch(fail); });
+  }
 }
 
 // ---------------------------------------------------------------- experiment page
 // Learning curves: one chart per metric of the chosen group, one line per trial, best first;
 // the best N trials (by the searcher metric) drawn in colour, the others thin and grey. While
-// the experiment runs the page polls its progress (pollExperiments) and fetches the curves
-// again when there are new reports: the server downsamples, so a fetch is what a new point
-// costs anyway, and one small request every few seconds needs no stream per trial.
+// the experiment runs the page follows its stream (followExperiments) and fetches the curves
+// again when there are new reports (one stream per experiment, not per trial).
 const GREY = "rgba(140,140,140,0.45)";
 
 async function experimentPage() {
@@ -295,7 +300,7 @@ async function experimentPage() {
     await load();
   }
   buttons.forEach(b => b.addEventListener("click", () => show(b.dataset.group).catch(fail)));
-  await pollExperiments([PAGE.experiment_id], () => show("validation"), load);
+  await followExperiments([PAGE.experiment_id], () => show("validation"), load);
 }
 
 // ---------------------------------------------------------------- compare page
@@ -343,7 +348,7 @@ async function comparePage() {
     bodies = await Promise.all(urls.map(getJSON));
     render();
   }
-  await pollExperiments(exps.map(e => e.id), load, load);
+  await followExperiments(exps.map(e => e.id), load, load);
 }
 
 // ---------------------------------------------------------------- trial page
