@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -47,6 +47,40 @@ def stopped(state: str) -> bool:
     return s.terminal or s is State.PAUSED
 
 
+def _sse(events: AsyncIterator[bytes]) -> Response:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _follow(
+    request: Request, poll: Callable[[], Awaitable[list[bytes]]]
+) -> AsyncIterator[bytes]:
+    """Call `poll` (what changed since its last call, as events) until the client goes or an
+    `end` event was sent: every POLL_S while there is news, backing off to MAX_POLL_S while
+    idle, with a keep-alive comment every KEEPALIVE_S."""
+    delay = POLL_S
+    quiet_since = time.monotonic()
+    yield b": live\n\n"  # the headers go out at once; the page knows it is connected
+    while not await request.is_disconnected():
+        events = await poll()
+        for e in events:
+            yield e
+        if events and events[-1].startswith(b"event: end\n"):
+            return
+        if events:
+            delay = POLL_S
+            quiet_since = time.monotonic()
+        else:
+            delay = min(delay * 2, MAX_POLL_S)
+            if time.monotonic() - quiet_since > KEEPALIVE_S:
+                yield b": keep-alive\n\n"
+                quiet_since = time.monotonic()
+        await anyio.sleep(delay)
+
+
 async def trial_stream(request: Request) -> Response:
     try:
         trial_id = path_id(request, "trial_id")
@@ -55,48 +89,23 @@ async def trial_stream(request: Request) -> Response:
         state, last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, after)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
-    return StreamingResponse(
-        _events(request, trial_id, offset, last, state),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
 
-
-async def _events(
-    request: Request, trial_id: int, offset: int, last: int, state: str
-) -> AsyncIterator[bytes]:
-    delay = POLL_S
-    quiet_since = time.monotonic()
-    yield b": live\n\n"  # the headers go out at once; the page knows it is connected
-    while not await request.is_disconnected():
+    async def poll() -> list[bytes]:
+        nonlocal offset, last, state
         read = functools.partial(api.trial_log_chunk, trial_id, offset=offset)
         chunk = await anyio.to_thread.run_sync(read)
         new_state, new_last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, last)
-        sent = False
+        out = []
         if chunk["lines"]:
-            yield event("log", {"offset": chunk["offset"], "lines": chunk["lines"]})
-            sent = True
+            out.append(event("log", {"offset": chunk["offset"], "lines": chunk["lines"]}))
         offset = chunk["offset"]
-        if new_last != last:
-            last = new_last
-            yield event("metrics", {"last": last})
-            sent = True
-        if new_state != state:
-            state = new_state
-            yield event("state", {"state": state})
-            sent = True
-        if not sent and stopped(state):
-            yield event("end", {"state": state})
-            return
-        if sent:
-            delay = POLL_S
-            quiet_since = time.monotonic()
-        else:
-            delay = min(delay * 2, MAX_POLL_S)
-            if time.monotonic() - quiet_since > KEEPALIVE_S:
-                yield b": keep-alive\n\n"
-                quiet_since = time.monotonic()
-        await anyio.sleep(delay)
+        out += _changes(new_last, last, new_state, state)
+        last, state = new_last, new_state
+        if not out and stopped(state):  # ended or paused, and everything it wrote was sent
+            out.append(event("end", {"state": state}))
+        return out
+
+    return _sse(_follow(request, poll))
 
 
 async def experiment_stream(request: Request) -> Response:
@@ -105,39 +114,23 @@ async def experiment_stream(request: Request) -> Response:
         state, last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, None)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
-    return StreamingResponse(
-        _experiment_events(request, exp_id, last, state),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
 
-
-async def _experiment_events(
-    request: Request, exp_id: int, last: int, state: str
-) -> AsyncIterator[bytes]:
-    delay = POLL_S
-    quiet_since = time.monotonic()
-    yield b": live\n\n"
-    while not await request.is_disconnected():
+    async def poll() -> list[bytes]:
+        nonlocal last, state
         new_state, new_last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, last)
-        sent = False
-        if new_last != last:
-            last = new_last
-            yield event("metrics", {"last": last})
-            sent = True
-        if new_state != state:
-            state = new_state
-            yield event("state", {"state": state})
-            sent = True
-        if not sent and State(state).terminal:
-            yield event("end", {"state": state})
-            return
-        if sent:
-            delay = POLL_S
-            quiet_since = time.monotonic()
-        else:
-            delay = min(delay * 2, MAX_POLL_S)
-            if time.monotonic() - quiet_since > KEEPALIVE_S:
-                yield b": keep-alive\n\n"
-                quiet_since = time.monotonic()
-        await anyio.sleep(delay)
+        out = _changes(new_last, last, new_state, state)
+        last, state = new_last, new_state
+        if not out and State(state).terminal:  # a paused experiment may be activated again
+            out.append(event("end", {"state": state}))
+        return out
+
+    return _sse(_follow(request, poll))
+
+
+def _changes(new_last: int, last: int, new_state: str, state: str) -> list[bytes]:
+    out = []
+    if new_last != last:
+        out.append(event("metrics", {"last": new_last}))
+    if new_state != state:
+        out.append(event("state", {"state": new_state}))
+    return out
