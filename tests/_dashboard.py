@@ -68,6 +68,16 @@ class World:
             timeout=timeout,
         )
 
+    def start_run(self, cfg: Path, ctx: Path, **env: str) -> subprocess.Popen[bytes]:
+        """`det-local run CONFIG CONTEXT` left running (the caller waits for it or kills it)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
+            env={**self.env, **env},
+            cwd=self.tmp,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
     def json(self, *args: Any) -> Any:
         r = self.det(*args, "--json")
         assert r.returncode == 0, r

@@ -196,13 +196,7 @@ def read_events(
 def test_stream_sends_a_running_trials_new_lines(world: World, server: Server) -> None:
     gate = world.tmp / "gate"
     cfg, ctx = world.context("live", {"batches": 8, "lr": 0.1, "wait_for": str(gate)})
-    run = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
-        env=world.env,
-        cwd=world.tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    run = world.start_run(cfg, ctx)
     try:
         exp = wait_for(
             lambda: [e for e in server.json("/api/experiments") if e["id"] > 1], what="the run"

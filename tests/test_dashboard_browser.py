@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,13 +70,7 @@ def test_dashboard_in_chromium(world: World, server: Server, browser: Any) -> No
     # a running trial: its page follows the log live, and new points keep the chart's zoom
     gate = world.tmp / "gate"
     cfg, ctx = world.context("live", {"batches": 8, "lr": 0.1, "wait_for": str(gate)})
-    run = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
-        env=world.env,
-        cwd=world.tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    run = world.start_run(cfg, ctx)
     try:
 
         def waiting_trial() -> int | None:

@@ -10,8 +10,6 @@ experiments' lines. The console stays clean; screenshots go to tests/artifacts/.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -246,13 +244,7 @@ def test_experiment_curves_follow_a_running_experiment(
     seconds) on the chosen x unit, without resetting a zoom."""
     gate = world.tmp / "live-gate"
     cfg, ctx = world.context("live", {"batches": 8, "lr": 0.1, "wait_for": str(gate)})
-    run = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
-        env=world.env,
-        cwd=world.tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    run = world.start_run(cfg, ctx)
     try:
 
         def waiting() -> int | None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,13 +254,7 @@ def test_refresh_keeps_the_brush_and_the_zoom(
     gate = world.tmp / "gate"
     search = {"name": "random", "max_trials": 4, "max_concurrent_trials": 2, "max_length": 8}
     cfg, ctx = context(world, "live", config(search, gate=str(gate), opt="adam", layers=2))
-    run = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", "run", str(cfg), str(ctx)],
-        env={**world.env, "DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"},
-        cwd=world.tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    run = world.start_run(cfg, ctx, DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS="2")
     try:
         exp = wait_for(
             lambda: [e["id"] for e in server.json("/api/experiments") if e["id"] != exp_id],
