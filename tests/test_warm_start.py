@@ -12,7 +12,7 @@ import pytest
 from conftest import Env, wait_for
 
 from det_local.sched.plan import LaunchPlan
-from det_local.sched.zygotes import Cold, WarmSpec, daemon_enabled, warm_spec
+from det_local.sched.zygotes import MAX_OWN_FILES, Cold, WarmSpec, daemon_enabled, warm_spec
 
 # Writes what the trial sees to OUT/<trial id>.json, reports once. The first trial waits (bounded)
 # for the zygote to be ready, so that the later ones are forked from it.
@@ -150,6 +150,22 @@ def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
     assert r.rc == 0, r
     line = next(ln for ln in r.out.splitlines() if ln.strip().startswith("Trial start: "))
     assert "2 warm (p50 " in line and "1 cold (p50 " in line, line
+
+
+def test_torch_imported_by_the_contexts_own_module_is_preloaded(dl: Env) -> None:
+    # examples/digits_pytorch's shape: train.py imports model_def, which imports torch
+    out = dl.tmp / "out"
+    out.mkdir()
+    script = SCRIPT.replace("import torch\n", "from model import torch\n", 1)
+    # warm: torch and what its first optimizer would import lazily (zygote.LAZY) are there
+    script = script.replace('"torch" in sys.modules', '"torch._dynamo" in sys.modules', 1)
+    assert "\nimport torch\n" not in script and "torch._dynamo" in script
+    cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
+    (ctx / "train.py").write_text(script)
+    (ctx / "model.py").write_text("import torch\n")
+    r = dl.det("run", "-q", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    assert [f["warm"] for f in _facts(out).values()] == [False, True]
 
 
 @pytest.mark.parametrize("mode", ["v2", "v1"])
@@ -332,8 +348,49 @@ def test_warm_spec_preloads_the_scripts_top_level_imports(tmp_path: Path) -> Non
     spec = warm_spec(_plan(tmp_path, "python3 train.py --lr 1", DET_LOCAL_PRELOAD="scipy, x"))
     assert isinstance(spec, WarmSpec)
     assert spec.argv == ["python3", "train.py", "--lr", "1"]
-    # absolute top-level imports, not the context's own modules, then determined and the extras
-    assert spec.preload == ("os", "torch", "numpy", "determined", "scipy", "x")
+    # absolute top-level imports as written, not the context's own modules (helper.py imports
+    # nothing), then determined and the extras
+    assert spec.preload == ("os", "torch.nn", "numpy", "determined", "scipy", "x")
+
+
+def test_warm_spec_follows_the_contexts_own_modules(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "python3 train.py")
+    # helper (imported by train.py) imports torch, a package of the context and one of its
+    # submodules; the package and the submodule import more; a cycle back to helper ends
+    (tmp_path / "helper.py").write_text(
+        "import torch\nfrom pkg import sub\nimport pkg.deep.leaf\n"
+        "def f():\n    import never_preloaded\n"
+    )
+    (tmp_path / "pkg" / "deep").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("from sklearn.datasets import load_digits\n")
+    (tmp_path / "pkg" / "sub.py").write_text("import helper\nimport yaml\n")
+    (tmp_path / "pkg" / "deep" / "__init__.py").write_text("import csv\n")
+    (tmp_path / "pkg" / "deep" / "leaf.py").write_text("from . import x\nimport json as j\n")
+    spec = warm_spec(plan)
+    assert isinstance(spec, WarmSpec)
+    assert spec.preload == (
+        "os",
+        "torch.nn",
+        "numpy",
+        "torch",
+        "sklearn.datasets",
+        "yaml",
+        "csv",
+        "json",
+        "determined",
+    )
+
+
+def test_warm_spec_reads_a_bounded_number_of_own_modules(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "python3 train.py")
+    # helper -> m0 -> m1 -> ... each importing a module of its own name: the walk stops
+    (tmp_path / "helper.py").write_text("import m0\n")
+    for i in range(MAX_OWN_FILES + 8):
+        (tmp_path / f"m{i}.py").write_text(f"import m{i + 1}\nimport ext{i}\n")
+    spec = warm_spec(plan)
+    assert isinstance(spec, WarmSpec)
+    ext = [m for m in spec.preload if m.startswith("ext")]
+    assert ext == [f"ext{i}" for i in range(MAX_OWN_FILES - 1)]  # helper.py is the first file
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,9 @@ CHECK = r"""
 import json, threading
 from det_local.trial import zygote
 assert zygote.preload(["torch", "numpy", "determined"]) is None
+import sys
+assert "torch._dynamo" not in sys.modules
+zygote.preload_lazy()
 import torch
 before = zygote.threads()
 zygote.probe_fork()
@@ -31,6 +34,7 @@ print(json.dumps({
     "python_threads": threading.active_count(),
     "cuda": zygote.cuda_initialised(),
     "parallel": torch.__config__.parallel_info(),
+    "dynamo": "torch._dynamo" in sys.modules,
 }))
 """
 
@@ -50,6 +54,8 @@ def test_preloaded_torch_leaves_one_thread_and_no_cuda() -> None:
     assert seen["after"] == ["python"], seen
     assert seen["python_threads"] == 1
     assert seen["cuda"] is False
+    # what torch.optim imports on a trial's first optimizer is preloaded too, safely
+    assert seen["dynamo"] is True
     # torch's intra-op pool (OpenMP) is started lazily: no OpenMP thread is among the tasks
     assert "OpenMP" in seen["parallel"] or "ATen" in seen["parallel"]
 

@@ -32,10 +32,14 @@ forking (a worker that imports torch) is a grandchild of the trial process, crea
 det-local does not own, so there is nothing a zygote could stand in for; forking the launcher
 itself would save only its own short start. Such a search's trials say so once per experiment.
 
-What is preloaded: the absolute top-level imports of the entrypoint script that are not the
-context's own modules (found with ``ast``, never by running it), plus ``determined``, plus
-``DET_LOCAL_PRELOAD`` (comma-separated) from the experiment's environment variables. Imports
-inside functions or ``if`` blocks are left to the trial.
+What is preloaded: the modules the entrypoint script imports at its top level (absolute
+imports, as written: ``import a.b`` and ``from a.b import c`` both preload ``a.b``), found with
+``ast``, never by running anything. The context's own modules are not preloaded (the user's code
+runs in the trial), but the ones the script imports at top level are read the same way, and so
+on (at most :data:`MAX_OWN_FILES` files): a script whose ``import torch`` sits in its
+``model_def.py`` gets torch preloaded. Plus ``determined``, plus ``DET_LOCAL_PRELOAD``
+(comma-separated) from the experiment's environment variables. Imports inside functions or
+``if`` blocks, and relative imports, are left to the trial.
 
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
@@ -194,20 +198,59 @@ def stable_env(plan: LaunchPlan) -> dict[str, str]:
 
 
 def top_imports(source: bytes, context: Path) -> list[str]:
-    """The top-level packages a script imports at its top level (absolute imports only), less
-    its context's own modules (the user's code is left to run in the trial)."""
+    """The modules a script imports at its top level (absolute imports only), less its
+    context's own modules, whose own top-level imports are followed instead (the user's code is
+    left to run in the trial)."""
+    own = {p.stem for p in context.glob("*.py")} | {p.name for p in context.iterdir() if p.is_dir()}
+    names: list[str] = []
+    files: list[Path] = []
+    pending = [source]
+    while pending:
+        for module, imported in _imports(pending.pop(0)):
+            if module.split(".")[0] not in own:
+                names.append(module)
+                continue
+            for path in _own_files(context, module, imported):
+                if path not in files and len(files) < MAX_OWN_FILES:
+                    files.append(path)
+                    try:
+                        pending.append(path.read_bytes())
+                    except OSError:
+                        continue
+    return [n for n in dict.fromkeys(names) if n != "__future__"]
+
+
+MAX_OWN_FILES = 32  # the context's own modules read for their imports, per entrypoint
+
+
+def _imports(source: bytes) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) of a source's absolute top-level imports."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    names: list[str] = []
+    out: list[tuple[str, list[str]]] = []
     for node in tree.body:
         if isinstance(node, ast.Import):
-            names += [alias.name.split(".")[0] for alias in node.names]
+            out += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module.split(".")[0])
-    own = {p.stem for p in context.glob("*.py")} | {p.name for p in context.iterdir() if p.is_dir()}
-    return [n for n in dict.fromkeys(names) if n not in own and n not in ("__future__",)]
+            out.append((node.module, [alias.name for alias in node.names]))
+    return out
+
+
+def _own_files(context: Path, module: str, imported: list[str]) -> list[Path]:
+    """The context's files that importing MODULE (and, from it, IMPORTED, which may be its
+    submodules) runs: each package's __init__.py on the way, then the module itself."""
+    parts = module.split(".")
+    dotted = [parts[: i + 1] for i in range(len(parts))]
+    dotted += [[*parts, name] for name in imported if name != "*"]
+    out = []
+    for names in dotted:
+        base = context.joinpath(*names)
+        for path in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if path.is_file():
+                out.append(path)
+    return out
 
 
 @dataclass

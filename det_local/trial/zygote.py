@@ -7,7 +7,8 @@ as a trial (``sched/zygotes.py``)::
 
     python3 -m det_local.trial.zygote SOCKET DAEMON_PID DAEMON_UID MODULE[,MODULE...]
 
-It imports the modules, checks that the fork is safe (CUDA not initialised; a single thread once
+It imports the modules (and, of torch, what torch imports lazily on a trial's first optimizer:
+``LAZY``), checks that the fork is safe (CUDA not initialised; a single thread once
 a probe fork has let libraries stop their pools with their own atfork handlers), then listens on
 SOCKET (its directory is the user's, mode 0700; the socket 0600) for fork requests, accepted
 only from the daemon's uid (SO_PEERCRED: root or DAEMON_UID). A request is the trial's log
@@ -61,6 +62,26 @@ def preload(modules: list[str]) -> str | None:
             why = str(err).splitlines()[0] if str(err) else type(err).__name__
             return f"cannot preload {name}: {why}"
     return None
+
+
+# Modules a preloaded package imports lazily on first use, which every trial would otherwise
+# pay for after the fork: torch.optim.Optimizer() imports torch._dynamo (1-2 s on a CPU box,
+# more than `import torch`), and every training script builds an optimizer.
+LAZY = {"torch": ("torch._dynamo",)}
+
+
+def preload_lazy() -> None:
+    """Import LAZY's modules of the packages already preloaded. Best effort: one that fails
+    (an older torch without it) is left to the trial, which would import it the same way; the
+    thread and CUDA checks run after this."""
+    for package, modules in LAZY.items():
+        if package not in sys.modules:
+            continue
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - only an optimisation: the trial imports it
+                continue
 
 
 def cuda_initialised() -> bool:
@@ -328,6 +349,7 @@ def main(args: list[str]) -> int:
     if why is not None:
         _say(f"{why}; this experiment's trials start cold")
         return PRELOAD_FAILED
+    preload_lazy()
     if cuda_initialised():
         _say("CUDA was initialised while preloading; this experiment's trials start cold")
         return CUDA_INITIALISED
