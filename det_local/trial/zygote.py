@@ -146,10 +146,12 @@ def interpreter_added() -> dict[str, str]:
 
 
 class Zygote:
-    def __init__(self, sock_path: str, daemon_pid: int, daemon_uid: int) -> None:
+    def __init__(
+        self, sock_path: str, daemon_pid: int, daemon_uid: int, added: dict[str, str]
+    ) -> None:
         self.sock_path = sock_path
         self.daemon_uid = daemon_uid
-        self.added = interpreter_added()
+        self.added = added  # interpreter_added(), read before any preload could setenv
         self.children: dict[int, str] = {}  # pid -> its exit file
         self.accepting = True
         self.sel = selectors.DefaultSelector()
@@ -345,6 +347,10 @@ def main(args: list[str]) -> int:
         _say("usage: python -m det_local.trial.zygote SOCKET DAEMON_PID DAEMON_UID MODULES")
         return 2
     sock_path, daemon_pid, daemon_uid, modules = args
+    # before the preload: what the interpreter itself added, not what an imported module sets
+    # (importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR; a cold trial sets it only when
+    # it imports that module itself)
+    added = interpreter_added()
     why = preload([m for m in modules.split(",") if m])
     if why is not None:
         _say(f"{why}; this experiment's trials start cold")
@@ -361,7 +367,7 @@ def main(args: list[str]) -> int:
             "this experiment's trials start cold"
         )
         return THREADS_RUNNING
-    Zygote(sock_path, int(daemon_pid), int(daemon_uid)).serve()
+    Zygote(sock_path, int(daemon_pid), int(daemon_uid), added).serve()
     return 0
 
 
