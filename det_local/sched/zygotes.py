@@ -44,11 +44,8 @@ on (at most :data:`MAX_OWN_FILES` files): a script whose ``import torch`` sits i
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
 are its own (:attr:`WarmSpec.key`); a trial with another key replaces the experiment's zygote.
-The first trial of a key starts cold while its zygote imports; the experiment's trials that would
-start meanwhile wait for it (`starting`; the engine holds them back before allocating anything,
-`warmholds.py`, for at most HOLD_S) rather than start cold beside it, each importing the same
-modules on the same cores. A zygote that is gone (killed: a new one is started), late or
-refusing means a cold start. A zygote that exits with a reason
+The first trial of a key starts cold while its zygote imports; a zygote that is not ready, gone
+(killed: a new one is started) or refusing means a cold start. A zygote that exits with a reason
 (a preload that fails) is not started again for that key: the reason is logged once.
 """
 
