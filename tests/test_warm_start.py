@@ -226,27 +226,6 @@ def test_zygote_killed_next_trial_cold_then_new_zygote(dl: Env) -> None:
     assert any("its zygote ended" in e for e in dl.events(1)), dl.events(1)
 
 
-def test_trials_beside_the_first_wait_for_its_zygote_instead_of_starting_cold(dl: Env) -> None:
-    """Two slots: trial 1 starts cold and its zygote starts importing; trial 2, which the same
-    pass would have started cold beside them (three imports on the same cores), is held back
-    until the zygote is ready and is forked; trial 3 too."""
-    out = dl.tmp / "out"
-    out.mkdir()
-    cfg, ctx = _search(
-        dl,
-        out,
-        {},
-        n=3,
-        searcher={"name": "grid", "metric": "loss", "max_length": 1, "max_concurrent_trials": 3},
-        resources={"max_slots": 2},
-    )
-    dl.env["DET_LOCAL_CPU_SLOTS"] = "2"
-    r = dl.det("run", "-q", cfg, ctx, timeout=240)
-    assert r.rc == 0, r
-    facts = _facts(out)
-    assert [facts[i]["warm"] for i in (1, 2, 3)] == [False, True, True]
-
-
 def test_single_trial_and_switch_off_stay_cold(dl: Env) -> None:
     out = dl.tmp / "out"
     out.mkdir()

@@ -59,7 +59,6 @@ from det_local.sched.trialmessages import handle as handle_message
 from det_local.sched.trialserver import TrialServer, send
 from det_local.sched.trialstart import StartFailed, TrialStarter
 from det_local.sched.users import identity, uid_of
-from det_local.sched.warmholds import WarmHolds
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
@@ -126,10 +125,6 @@ class Engine:
             group_caps=self._group_caps,
             after_pass=self._after_pass,
         )
-        # trials that wait a moment for their experiment's zygote (warm starts)
-        self.warm_holds = WarmHolds(
-            self.launcher.warming, self.queue.hold_back, self.queue.schedule
-        )
         self.commands = Commands(
             self.store.jobs,
             self.paths,
@@ -181,7 +176,7 @@ class Engine:
     @loop.setter
     def loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
-        for part in (self.supervisor, self.queue, self.gc, self.spool, self.warm_holds):
+        for part in (self.supervisor, self.queue, self.gc, self.spool):
             part.loop = loop
 
     @property
@@ -234,7 +229,6 @@ class Engine:
             task.cancel()
         self.spool.stop()
         await self.trial_server.stop()
-        self.warm_holds.stop()
         self.store.close()
         self.launcher.stop()
 
@@ -507,9 +501,6 @@ class Engine:
 
     def start_command(self, job: JobRecord) -> None:
         self.commands.start(job)
-
-    def hold_trial(self, job: JobRecord) -> str | None:
-        return self.warm_holds.hold(job)
 
     def start_gang_share(self, job: JobRecord) -> None:
         """A gang's share holds its slots (RESERVED): the placer does the rest."""

@@ -49,8 +49,6 @@ class Starter(Protocol):
 
     def start_gang_share(self, job: JobRecord) -> None: ...  # RESERVED: the placer goes on
 
-    def hold_trial(self, job: JobRecord) -> str | None: ...  # why it waits a moment; None: go
-
 
 def view(job: JobRecord) -> JobView:
     return JobView(
@@ -197,11 +195,6 @@ class JobQueue:
             self.starter.start_gang_share(self.jobs.peek(job.id))
         elif job.kind == TRIAL:
             assert job.experiment_id is not None and job.trial_id is not None
-            why = self.starter.hold_trial(job)
-            if why is not None:  # nothing allocated: it stays queued until released
-                self.hold_back[job.id] = why
-                self.waiting[job.id] = why
-                return
             run_id = self.next_trial_run(job.trial_id)
             self.jobs.allocate(job.id, slots, run_id)
             self.starter.start_trial(job, slots, run_id)

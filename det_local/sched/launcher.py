@@ -106,8 +106,6 @@ class Launcher(Protocol):
 
     def experiment_stopped(self, experiment_id: int) -> None: ...
 
-    def warming(self, experiment_id: int) -> bool: ...  # its zygote is importing: trials wait
-
     def where(self, handle: RunHandle) -> str: ...
 
 
@@ -300,9 +298,6 @@ class LocalLauncher:
     def experiment_stopped(self, experiment_id: int) -> None:
         if self.zygotes is not None:
             self.zygotes.stop(experiment_id)
-
-    def warming(self, experiment_id: int) -> bool:
-        return self.zygotes is not None and self.zygotes.starting(experiment_id)
 
     def cleanup(self, live: set[str]) -> None:
         for cgroup in self.containment.leftovers(keep=live):  # runs that ended meanwhile

@@ -77,7 +77,6 @@ EXPERIMENT_SWITCH = "DET_LOCAL_WARM_START"  # an experiment's environment_variab
 PRELOAD_VAR = "DET_LOCAL_PRELOAD"  # an experiment's extra modules to preload
 ALWAYS = ("determined",)
 ANSWER_TIMEOUT_S = 2.0  # a zygote's whole answer to a fork request, connection included
-HOLD_S = 30.0  # the longest a trial waits for its experiment's zygote to finish importing
 SOCKET_MAX = 100  # sun_path holds 108 bytes
 PER_TRIAL = {"CUDA_VISIBLE_DEVICES"}
 _PYTHON = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
@@ -262,7 +261,6 @@ class Zygote:
     log: Path
     uid: int | None
     ids: trust.Ids  # what it and its trials run as
-    started_at: float = field(default_factory=time.monotonic)
 
 
 class ZygotePool:
@@ -284,17 +282,6 @@ class ZygotePool:
         self.serial = 0
 
     # ------------------------------------------------------------------ starting
-    def starting(self, experiment_id: int) -> bool:
-        """Whether the experiment's zygote is still importing (for at most HOLD_S): its next
-        trials had better wait for it than start cold beside it, each importing the same
-        modules on the same cores (the engine holds them back: `Engine.hold_trial`)."""
-        zygote = self.zygotes.get(experiment_id)
-        if zygote is None or zygote.key in self.failed or zygote.socket.exists():
-            return False
-        if time.monotonic() - zygote.started_at >= HOLD_S:
-            return False
-        return executor.exit_code(zygote.proc) is None  # gone: `fork` says why, then cold
-
     def start(self, spec: WarmSpec, plan: LaunchPlan) -> None:
         """Start the experiment's zygote for this key (replacing one with another key): as the
         trial's user, through `executor.spawn` like a trial, in a cgroup of its own where the
