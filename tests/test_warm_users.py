@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from _userpython import user_python  # noqa: F401  (the session fixture)
 from conftest import ADMIN, A, B, Env, Shared, gone, wait_for
+from test_warm_start import PER_TRIAL  # the variables that differ between runs
 
 from det_local import api
 from det_local.sched import spool, zygotetrust
@@ -84,21 +85,6 @@ with det.core.init() as core:
     core.train.report_training_metrics(steps_completed=1, metrics={"loss": float(trial_id)})
 """
 
-PER_TRIAL = {
-    "DET_LOCAL_TOKEN",
-    "DET_LOCAL_INFO_DIR",
-    "DET_LOCAL_TENSORBOARD_DIR",
-    "DET_TASK_ID",
-    "DET_ALLOCATION_ID",
-    "DET_TRIAL_ID",
-    "DET_TRIAL_RUN_ID",
-    "DET_TRIAL_SEED",
-    "DET_HPARAMS",
-    "C10D_PORT",
-    "DTRAIN_SSH_PORT",
-    "INTER_TRAIN_PROCESS_COMM_PORT_1",
-    "INTER_TRAIN_PROCESS_COMM_PORT_2",
-}
 UMASK = 0o027  # not the default: the trial's own must reach the zygote and its forks
 
 
