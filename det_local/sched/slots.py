@@ -418,8 +418,11 @@ def is_ours(pid: int, our_pids: Collection[int]) -> bool:
     try:
         if any(parent.pid in anchors for parent in psutil.Process(pid).parents()):
             return True
-    except psutil.Error:  # gone, or in a pid namespace we cannot see: not one of ours
-        return False
+    except psutil.Error:
+        # gone or invisible (another pid namespace: getpgid fails too, not ours), or one of
+        # its parents exited while the chain was walked (it is being re-parented): its process
+        # group still says whose it is
+        pass
     try:
         return os.getpgid(pid) in anchors
     except OSError:
