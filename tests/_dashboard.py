@@ -4,6 +4,7 @@ the loopback)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -174,3 +175,35 @@ def serve(world: World, *args: str) -> Iterator[Server]:
             proc.kill()
             proc.wait()
         kill_home_processes(world.home)
+
+
+def asgi_get(app: Any, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the ASGI application in this process (no socket)."""
+    path, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "scheme": "http",
+        "server": ("10.1.2.3", 8080),
+        "client": ("10.1.2.4", 5000),
+        "root_path": "",
+    }
+    out: dict[str, Any] = {"body": b""}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+            out["headers"] = {k.decode(): v.decode() for k, v in message["headers"]}
+        else:
+            out["body"] += message.get("body", b"")
+
+    asyncio.run(app(scope, receive, send))
+    return out["status"], out["headers"], out["body"]

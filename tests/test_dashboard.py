@@ -6,7 +6,6 @@ delivers a running trial's new lines."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -22,7 +21,16 @@ import pytest
 pytest.importorskip("starlette", reason="the dashboard needs the web extra")
 pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
 
-from _dashboard import LABEL, NAME, Server, World, finished_experiment, make_world, serve
+from _dashboard import (
+    LABEL,
+    NAME,
+    Server,
+    World,
+    asgi_get,
+    finished_experiment,
+    make_world,
+    serve,
+)
 from conftest import wait_for
 
 from det_local.store.db import Store
@@ -248,36 +256,6 @@ def test_stream_sends_a_running_trials_new_lines(world: World, server: Server) -
 
 
 # ---------------------------------------------------------------------------- access
-def asgi_get(app: Any, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    """One GET through the ASGI application in this process (no socket)."""
-    path, _, query = path.partition("?")
-    scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": "GET",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "scheme": "http",
-        "server": ("10.1.2.3", 8080),
-        "client": ("10.1.2.4", 5000),
-        "root_path": "",
-    }
-    out: dict[str, Any] = {"body": b""}
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            out["status"] = message["status"]
-            out["headers"] = {k.decode(): v.decode() for k, v in message["headers"]}
-        else:
-            out["body"] += message.get("body", b"")
-
-    asyncio.run(app(scope, receive, send))
-    return out["status"], out["headers"], out["body"]
 
 
 def test_token_on_every_request_off_loopback(

@@ -8,7 +8,6 @@ queried there."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _dashboard import asgi_get
 from conftest import Env, wait_for
 from fednet import Net, namespaces
 from test_federation_gang import two_nodes
@@ -31,37 +31,12 @@ from det_local.store.db import Store
 pytest.importorskip("starlette")
 
 
-def asgi_get(path: str) -> tuple[int, str]:
+def get(path: str) -> tuple[int, str]:
     """GET path through the dashboard's application in this process (no socket)."""
     from det_local.web.app import create_app
 
-    app = create_app()
-    got: dict[str, Any] = {"body": b""}
-    scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": "GET",
-        "path": path.partition("?")[0],
-        "raw_path": path.partition("?")[0].encode(),
-        "query_string": path.partition("?")[2].encode(),
-        "headers": [(b"host", b"127.0.0.1:8080")],
-        "scheme": "http",
-        "server": ("127.0.0.1", 8080),
-        "client": ("127.0.0.1", 5000),
-        "root_path": "",
-    }
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            got["status"] = message["status"]
-        else:
-            got["body"] += message.get("body", b"")
-
-    asyncio.run(app(scope, receive, send))
-    return int(got["status"]), got["body"].decode()
+    status, _, body = asgi_get(create_app(), path, {"host": "127.0.0.1:8080"})
+    return status, body.decode()
 
 
 # ---------------------------------------------------------------------------- store hot spot
@@ -122,7 +97,7 @@ def test_commands_page_and_api_show_links_but_no_token(dl: Env) -> None:
         },
     )
     dl.wait_job(int(job), "SCHEDULED")
-    status, body = asgi_get("/api/commands")
+    status, body = get("/api/commands")
     assert status == 200
     (row,) = [r for r in json.loads(body) if r["id"] == job]
     assert row["link"] == "http://127.0.0.1:18888/lab"
@@ -130,15 +105,15 @@ def test_commands_page_and_api_show_links_but_no_token(dl: Env) -> None:
     assert row["kind"] == "NOTEBOOK" and row["state"] == "SCHEDULED"
     cli_rows = dl.json("cmd", "list", "--all")  # the CLI's --json: the same keys
     assert set(cli_rows[0]) == set(row)
-    status, page = asgi_get("/commands")
+    status, page = get("/commands")
     assert status == 200
     assert 'href="http://127.0.0.1:18888/lab"' in page and "det-local notebook start" in page
     for text in (body, page, json.dumps(cli_rows)):
         assert NOTEBOOK_SECRET not in text and ARGV_SECRET not in text
     dl.det("cmd", "kill", job)
     dl.wait_job(int(job), "DONE")
-    assert json.loads(asgi_get("/api/commands")[1]) == []
-    (ended,) = json.loads(asgi_get("/api/commands?all=1")[1])
+    assert json.loads(get("/api/commands")[1]) == []
+    (ended,) = json.loads(get("/api/commands?all=1")[1])
     assert ended["link"] is None  # no address once it has ended
 
 
@@ -160,28 +135,28 @@ def test_slots_usage_is_read_at_each_request(
     assert rows[1]["utilization_pct"] is None
     assert [f["pid"] for f in rows[0]["foreign"]] == [stranger]
     # the page (no engine runs: discovered now, through the same NVML)
-    status, page = asgi_get("/slots")
+    status, page = get("/slots")
     assert status == 200 and "91%" in page and f"40960/{81920} MiB" in page
     assert f"pid {stranger}" in page
 
 
 # ---------------------------------------------------------------------------- cluster
 def test_cluster_without_a_daemon_says_how_to_start(det_home: Path) -> None:
-    status, body = asgi_get("/api/peers")
+    status, body = get("/api/peers")
     assert status == 503
     err = json.loads(body)["error"]
     assert "\n" not in err and "no det-local daemon is running" in err
     assert "det-local cluster init" in err
-    status, page = asgi_get("/cluster")
+    status, page = get("/cluster")
     assert status == 200 and 'id="cluster-off"' in page and "det-local cluster init" in page
 
 
 def test_cluster_without_a_key_says_federation_is_off(dl: Env) -> None:
     dl.daemon_start(DET_LOCAL_CPU_SLOTS="1", DET_LOCAL_CGROUPS="off", DET_LOCAL_MDNS="0")
-    assert json.loads(asgi_get("/api/peers")[1]) == dl.json("cluster", "peers") == []
-    view = json.loads(asgi_get("/api/cluster")[1])
+    assert json.loads(get("/api/peers")[1]) == dl.json("cluster", "peers") == []
+    view = json.loads(get("/api/cluster")[1])
     assert view["federation"] == "off" and view["why"]
-    status, page = asgi_get("/cluster")
+    status, page = get("/cluster")
     assert "federation is off" in page and "det-local cluster init" in page
 
 
