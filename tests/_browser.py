@@ -79,3 +79,15 @@ def console_errors(page: Any) -> list[str]:
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda err: problems.append(str(err)))
     return problems
+
+
+@contextmanager
+def checked_page(browser: Any, width: int = 1280, height: int = 900) -> Iterator[Any]:
+    """A new page (30 s timeouts); when the block ends without an error, the console must
+    have stayed clean (a CSP violation is a console error too)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    problems = console_errors(page)
+    page.set_default_timeout(30_000)
+    yield page
+    assert problems == [], problems
+    page.close()

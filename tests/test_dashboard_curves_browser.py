@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _browser import ARTIFACTS, chromium, console_errors, require, until
+from _browser import ARTIFACTS, checked_page, chromium, require, until
 
 require()
 from _dashboard import Server, World, make_world, serve  # noqa: E402
@@ -96,12 +96,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems = console_errors(page)
-    page.set_default_timeout(30_000)
-    yield page
-    page.close()
-    assert problems == []
+    with checked_page(browser) as page:
+        yield page
 
 
 def x_data(page: Any, metric: str) -> list[float]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _browser import ARTIFACTS, chromium, console_errors, require, until
+from _browser import ARTIFACTS, checked_page, chromium, require, until
 
 require()
 from _dashboard import Server, World, make_world, serve  # noqa: E402
@@ -116,13 +116,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-    problems = console_errors(pg)
-    pg.set_default_timeout(30_000)
-    yield pg
-    assert problems == []  # CSP violations are console errors too
-    assert pg.evaluate("window.__pwned") is None
-    pg.close()
+    with checked_page(browser, 1400, 1000) as pg:
+        yield pg
+        assert pg.evaluate("window.__pwned") is None
 
 
 PARALLEL = "echarts.getInstanceByDom(document.getElementById('hp-parallel'))"
