@@ -397,19 +397,6 @@ def trial_metrics_sampled(
     return out
 
 
-def experiment_metrics(
-    experiment_id: int, group: str = VALIDATION, max_points: int = MAX_POINTS
-) -> dict[int, list[Any]]:
-    """trial id -> its reports of `group` (downsampled as trial_metrics_sampled), for every
-    trial of the experiment (best first): the experiment's learning curves."""
-    store = open_store()
-    store.get_experiment(experiment_id)  # a clear error for an unknown id
-    return {
-        t.id: store.sample_metrics(t.id, group, max_points)
-        for t in ranked_trials(store, experiment_id)
-    }
-
-
 def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
     """The jobs in the order the scheduler goes by (JobRecords; `job list`'s # is the place)."""
     from det_local.sched.queueview import in_queue_order

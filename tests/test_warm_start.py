@@ -85,23 +85,20 @@ PER_TRIAL = {
 }
 
 
-def _search(dl: Env, out: Path, env: dict[str, str], n: int = 3, **cfg: Any) -> tuple[Path, Path]:
-    variables = [f"OUT={out}", *(f"{k}={v}" for k, v in env.items())]
-    return dl.context(
-        SCRIPT,
-        {
-            "searcher": {
-                "name": "grid",
-                "metric": "loss",
-                "max_length": 1,
-                "max_concurrent_trials": 1,
-            },
-            "hyperparameters": {"x": {"type": "categorical", "vals": list(range(n))}},
-            "environment": {"environment_variables": variables},
-            "resources": {"max_slots": 1},
-            **cfg,
+def serial_grid(out: Path, env: dict[str, str], n: int = 3) -> dict[str, Any]:
+    """A grid search of n trials, one at a time, writing their facts to `out`."""
+    return {
+        "searcher": {"name": "grid", "metric": "loss", "max_length": 1, "max_concurrent_trials": 1},
+        "hyperparameters": {"x": {"type": "categorical", "vals": list(range(n))}},
+        "environment": {
+            "environment_variables": [f"OUT={out}", *(f"{k}={v}" for k, v in env.items())]
         },
-    )
+        "resources": {"max_slots": 1},
+    }
+
+
+def _search(dl: Env, out: Path, env: dict[str, str], n: int = 3, **cfg: Any) -> tuple[Path, Path]:
+    return dl.context(SCRIPT, {**serial_grid(out, env, n), **cfg})
 
 
 def _facts(out: Path) -> dict[int, dict[str, Any]]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from _userpython import user_python  # noqa: F401  (the session fixture)
 from conftest import ADMIN, A, B, Env, Shared, gone, wait_for
-from test_warm_start import PER_TRIAL  # the variables that differ between runs
+from test_warm_start import PER_TRIAL, serial_grid
 
 from det_local import api
 from det_local.sched import spool, zygotetrust
@@ -94,19 +94,10 @@ def _context(shared: Shared, name: str, python: str, n: int, **env: str) -> tupl
     (ctx / "train.py").write_text(SCRIPT)
     os.chmod(ctx, 0o755)
     os.chmod(ctx / "train.py", 0o644)
-    variables = [f"OUT={shared.out}", *(f"{k}={v}" for k, v in env.items())]
     config = {
         "name": name,
         "entrypoint": f"{python} train.py",
-        "searcher": {
-            "name": "grid",
-            "metric": "loss",
-            "max_length": 1,
-            "max_concurrent_trials": 1,
-        },
-        "hyperparameters": {"x": {"type": "categorical", "vals": list(range(n))}},
-        "environment": {"environment_variables": variables},
-        "resources": {"max_slots": 1},
+        **serial_grid(shared.out, env, n),
         "max_restarts": 0,
     }
     return config, ctx
