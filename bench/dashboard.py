@@ -81,6 +81,9 @@ def populate(home: Path, experiments: int, trials: int, points: int) -> tuple[in
     return big, hot
 
 
+TOKEN = "bench-token-0123456789abcdef"  # every request carries the dashboard's token
+
+
 def asgi_ms(app: Any, path: str, runs: int) -> tuple[float, int]:
     """Median ms of GET path through the application; returns it and the body's size."""
     scope = {
@@ -90,7 +93,7 @@ def asgi_ms(app: Any, path: str, runs: int) -> tuple[float, int]:
         "path": path.partition("?")[0],
         "raw_path": path.partition("?")[0].encode(),
         "query_string": path.partition("?")[2].encode(),
-        "headers": [(b"host", b"localhost:8080")],
+        "headers": [(b"host", b"localhost:8080"), (b"authorization", b"Bearer " + TOKEN.encode())],
         "scheme": "http",
         "server": ("127.0.0.1", 8080),
         "client": ("127.0.0.1", 5000),
@@ -139,9 +142,12 @@ def main() -> None:
         t0 = time.perf_counter()
         big, hot = populate(home, args.experiments, args.trials, args.points)
         fill_s = time.perf_counter() - t0
+        from det_local.api import paths
         from det_local.web.app import create_app
+        from det_local.web.pool import install
 
-        app = create_app()
+        app = create_app(token=TOKEN)  # as the dashboard runs: one token, one pool of Stores
+        install(paths())
         exps_ms, exps_size = asgi_ms(app, "/", args.runs)
         exp_ms, exp_size = asgi_ms(app, f"/experiments/{big}", args.runs)
         curves_ms, _ = asgi_ms(app, f"/api/experiments/{big}/metrics?group=validation", args.runs)

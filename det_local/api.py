@@ -4,6 +4,7 @@ the daemon (or, with none running, to an embedded runner started for the purpose
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -19,9 +20,22 @@ def paths() -> Paths:
     return Paths.from_env()
 
 
+_SHARED: tuple[Callable[[], Store], Path] | None = None
+
+
+def use_store(source: Callable[[], Store] | None, home: Paths | None = None) -> None:
+    """A long-lived reader (the dashboard: web/pool.py) hands out its own read-only Stores of
+    `home`: open_store() of that home returns source()'s, never closed by the caller."""
+    global _SHARED
+    _SHARED = None if source is None or home is None else (source, home.db)
+
+
 def open_store(p: Paths | None = None) -> Store:
     """A read-only view of the store (empty when nothing has run yet)."""
-    return Store((p or paths()).db, readonly=True)
+    db = (p or paths()).db
+    if _SHARED is not None and _SHARED[1] == db:
+        return _SHARED[0]()
+    return Store(db, readonly=True)
 
 
 def run(

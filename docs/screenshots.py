@@ -56,14 +56,22 @@ def main() -> None:
         server = subprocess.Popen(
             [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
             env=env,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         base = f"http://127.0.0.1:{port}"
         try:
+            assert server.stdout is not None
+            # its first line: "det-local dashboard of HOME: http://127.0.0.1:PORT/?token=TOKEN"
+            token = server.stdout.readline().strip().rpartition("?token=")[2]
+            if not token:
+                raise SystemExit("the dashboard printed no login address")
+            auth = {"Authorization": f"Bearer {token}"}
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    urllib.request.urlopen(base + "/api/", timeout=2).read()
+                    req = urllib.request.Request(base + "/api/", headers=auth)
+                    urllib.request.urlopen(req, timeout=2).read()
                     break
                 except OSError:
                     if time.monotonic() > deadline:
@@ -74,7 +82,7 @@ def main() -> None:
                     executable_path="/usr/bin/chromium", args=ARGS, headless=True
                 )
                 page = browser.new_page(viewport={"width": 1280, "height": 860})
-                page.goto(base + "/experiments/1")
+                page.goto(f"{base}/experiments/1?token={token}")  # logs in: cookie, redirect
                 until(page, "window.detCharts && window.detCharts.size > 0")
                 page.locator("#charts").scroll_into_view_if_needed()
                 page.evaluate("window.scrollBy(0, -240)")  # the trials table's end, then charts

@@ -1,11 +1,15 @@
 """What the dashboard tests share: a finished experiment in a home of its own (one per test
 module), a `det-local dashboard` process serving it, and HTTP helpers (urllib: real sockets on
-the loopback)."""
+the loopback). Every request to the dashboard needs its access token: `Server` reads the one the
+dashboard printed and sends it (Authorization: Bearer), `Server.open` logs a browser page in
+with the login address (?token=, a cookie, a redirect); in-process requests (`asgi_get`) go to
+an application made with `TOKEN`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -123,14 +127,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+TOKEN = "test-token-0123456789abcdef"  # what asgi_get sends and token_app() expects
+TOKEN_RE = re.compile(r"\?token=([A-Za-z0-9_-]+)")
+
+
+def token_app(**kw: Any) -> Any:
+    """The dashboard's application, expecting TOKEN."""
+    from det_local.web.app import create_app
+
+    return create_app(token=TOKEN, **kw)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
     base: str
     out: Path
+    token: str = ""
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
-        req = urllib.request.Request(self.base + path, headers=headers or {})
+    def get(
+        self, path: str, headers: dict[str, str] | None = None, *, auth: bool = True
+    ) -> tuple[int, bytes, Any]:
+        """GET path; auth: with the token (Authorization: Bearer)."""
+        sent = {**(bearer(self.token) if auth else {}), **(headers or {})}
+        req = urllib.request.Request(self.base + path, headers=sent)
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, r.read(), r.headers
@@ -141,6 +165,21 @@ class Server:
         status, body, _ = self.get(path)
         assert status == 200, (path, status, body)
         return json.loads(body)
+
+    def login_url(self, path: str = "/") -> str:
+        return f"{self.base}{path}{'&' if '?' in path else '?'}token={self.token}"
+
+    def open(self, page: Any, path: str = "/") -> None:
+        """A browser page goes to `path` through the login address: the dashboard sets its
+        cookie and redirects to the address without the token."""
+        page.goto(self.login_url(path))
+        assert "token=" not in page.url and page.url.startswith(self.base), page.url
+
+
+def printed_token(out: Path) -> str:
+    """The token in the address `det-local dashboard` printed first."""
+    found = TOKEN_RE.search(out.read_text()) if out.exists() else None
+    return found.group(1) if found else ""
 
 
 def serve(world: World, *args: str) -> Iterator[Server]:
@@ -166,6 +205,7 @@ def serve(world: World, *args: str) -> Iterator[Server]:
 
     try:
         wait_for(up, timeout=30, what="the dashboard to listen")
+        server.token = wait_for(lambda: printed_token(out), timeout=30, what="its address")
         yield server
     finally:
         proc.terminate()
@@ -177,8 +217,11 @@ def serve(world: World, *args: str) -> Iterator[Server]:
         kill_home_processes(world.home)
 
 
-def asgi_get(app: Any, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    """One GET through the ASGI application in this process (no socket)."""
+def asgi_get(
+    app: Any, path: str, headers: dict[str, str], *, auth: bool = True
+) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the ASGI application in this process (no socket); auth: with TOKEN."""
+    headers = {**({"authorization": f"Bearer {TOKEN}"} if auth else {}), **headers}
     path, _, query = path.partition("?")
     scope = {
         "type": "http",

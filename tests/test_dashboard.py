@@ -24,12 +24,15 @@ pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
 from _dashboard import (
     LABEL,
     NAME,
+    TOKEN,
     Server,
     World,
     asgi_get,
+    bearer,
     finished_experiment,
     make_world,
     serve,
+    token_app,
 )
 from conftest import wait_for
 
@@ -149,7 +152,12 @@ def test_api_index_lists_every_route(server: Server) -> None:
 
 def test_read_only(server: Server) -> None:
     for method in ("POST", "PUT", "DELETE"):
-        req = urllib.request.Request(server.base + "/api/experiments", method=method, data=b"")
+        req = urllib.request.Request(
+            server.base + "/api/experiments",
+            method=method,
+            data=b"",
+            headers=bearer(server.token),
+        )
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code == 405
@@ -187,7 +195,8 @@ def read_events(
     box: list[tuple[str, Any]],
     connected: threading.Event | None = None,
 ) -> None:
-    with urllib.request.urlopen(server.base + path, timeout=60) as r:
+    req = urllib.request.Request(server.base + path, headers=bearer(server.token))
+    with urllib.request.urlopen(req, timeout=60) as r:
         if connected is not None:
             connected.set()  # the stream's headers came: it watches from now on
         name = ""
@@ -261,26 +270,47 @@ def test_stream_sends_a_running_trials_new_lines(world: World, server: Server) -
 def test_token_on_every_request_off_loopback(
     exp_id: int, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from det_local.web.app import create_app
-
     monkeypatch.setenv("DET_LOCAL_HOME", str(world.home))
-    app = create_app(token="s3cret-token")
+    app = token_app(loopback_only=False, port=8080)
     host = {"host": "10.1.2.3:8080"}
-    status, _, body = asgi_get(app, "/api/experiments", host)
-    assert status == 403 and "access token" in json.loads(body)["error"]
-    for wrong in ({"authorization": "Bearer nope"}, {"x-det-local-token": "s3cret-toke"}):
-        assert asgi_get(app, "/api/experiments", {**host, **wrong})[0] == 403
-    assert asgi_get(app, "/api/experiments?token=nope", host)[0] == 403
+    status, _, body = asgi_get(app, "/api/experiments", host, auth=False)
+    assert status == 401 and json.loads(body)["error"] == (
+        "this dashboard needs its access token (no access token): open the address "
+        "`det-local dashboard` printed at start (it ends ?token=...)"
+    )
+    assert body.count(b"\n") == 1 and body.endswith(b"\n")
+    for wrong in ({"authorization": "Bearer nope"}, {"x-det-local-token": TOKEN[:-1]}):
+        status, _, body = asgi_get(app, "/api/experiments", {**host, **wrong}, auth=False)
+        assert status == 401 and "(a wrong access token)" in json.loads(body)["error"]
+    assert asgi_get(app, "/api/experiments?token=nope", host, auth=False)[0] == 401
+    other_port = {"cookie": f"det_local_token_8081={TOKEN}"}  # another dashboard's cookie
+    assert asgi_get(app, "/api/experiments", {**host, **other_port}, auth=False)[0] == 401
     for right in (
-        {"authorization": "Bearer s3cret-token"},
-        {"x-det-local-token": "s3cret-token"},
-        {"cookie": "det_local_token=s3cret-token"},
+        {"authorization": f"Bearer {TOKEN}"},
+        {"x-det-local-token": TOKEN},
+        {"cookie": f"det_local_token_8080={TOKEN}"},
     ):
-        status, _, body = asgi_get(app, "/api/experiments", {**host, **right})
+        status, _, body = asgi_get(app, "/api/experiments", {**host, **right}, auth=False)
         assert status == 200 and json.loads(body)[0]["id"] == exp_id
-    status, headers, _ = asgi_get(app, "/?token=s3cret-token", host)
-    assert status == 200 and "det_local_token=s3cret-token" in headers["set-cookie"]
-    assert "HttpOnly" in headers["set-cookie"] and "SameSite=Strict" in headers["set-cookie"]
+    # the login address: the cookie, then a redirect to the same address without the token
+    status, headers, body = asgi_get(app, f"/?label=digits&token={TOKEN}", host, auth=False)
+    assert status == 303 and headers["location"] == "/?label=digits" and body == b""
+    cookie = headers["set-cookie"]
+    assert cookie.startswith(f"det_local_token_8080={TOKEN};"), cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    status, headers, _ = asgi_get(app, f"//evil.example/x?token={TOKEN}", host, auth=False)
+    assert status == 303 and headers["location"] == "/evil.example/x"  # stays on this host
+    # /api/ with ?token= answers at once (a script's one request), setting the cookie too
+    status, headers, _ = asgi_get(app, f"/api/jobs?token={TOKEN}", host, auth=False)
+    assert status == 200 and "HttpOnly" in headers["set-cookie"]
+
+
+def test_loopback_needs_the_token_too(server: Server) -> None:
+    status, body, _ = server.get("/api/trials/1/logs", auth=False)
+    assert status == 401 and "needs its access token" in json.loads(body)["error"]
+    status, body, _ = server.get("/", auth=False)
+    assert status == 401 and "needs its access token" in json.loads(body)["error"]
+    assert server.get("/api/jobs")[0] == 200
 
 
 def test_loopback_answers_only_loopback_hosts(server: Server) -> None:
@@ -311,7 +341,10 @@ def test_dashboard_errors_are_one_line(world: World, server: Server) -> None:
     )
     assert p.returncode == 1 and "Traceback" not in p.stderr, p
     assert len(p.stderr.strip().splitlines()) == 1
-    assert "pip install 'det-local[web]'" in p.stderr and "starlette" in p.stderr
+    assert p.stderr.startswith("error: the dashboard needs starlette"), p.stderr
+    # run from this source checkout: the editable install of the extra, in it
+    root = Path(__file__).resolve().parents[1]
+    assert f"cd {root} && pip install -e '.[web]' (a source checkout)" in p.stderr, p.stderr
 
 
 def test_sample_in_the_store(tmp_path: Path) -> None:

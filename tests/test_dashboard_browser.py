@@ -46,7 +46,7 @@ def test_dashboard_in_chromium(world: World, server: Server, browser: Any) -> No
     page.set_default_timeout(30_000)
 
     # the experiments page lists the finished experiment (its name as text)
-    page.goto(server.base + "/")
+    server.open(page, "/")
     row = page.locator("#experiments tbody tr").first
     assert "COMPLETED" in row.inner_text()
     assert '<script>alert("name")</script> digits' in row.inner_text()
@@ -85,7 +85,7 @@ def test_dashboard_in_chromium(world: World, server: Server, browser: Any) -> No
             return tid if any("waiting for" in ln for ln in lines) else None
 
         tid = wait_for(waiting_trial, timeout=60, what="the trial to wait at its gate")
-        page.goto(f"{server.base}/trials/{tid}")
+        server.open(page, f"/trials/{tid}")
         until(page, "document.getElementById('log-status').textContent === 'live'")
         assert "waiting for" in page.inner_text("#log")
         loss = "window.detCharts.get('training: loss').plot"
@@ -121,7 +121,7 @@ def test_the_digits_core_example_in_chromium(world: World, server: Server, brows
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = console_errors(page)
     page.set_default_timeout(30_000)
-    page.goto(server.base + "/")
+    server.open(page, "/")
     row = page.locator("#experiments tbody tr", has_text="digits-core-const")
     assert row.count() == 1
     assert "COMPLETED" in row.inner_text()

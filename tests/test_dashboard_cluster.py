@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _dashboard import asgi_get
+from _dashboard import asgi_get, token_app
 from conftest import Env, wait_for
 from fednet import Net, namespaces
 from test_federation_gang import two_nodes
@@ -33,9 +33,7 @@ pytest.importorskip("starlette")
 
 def get(path: str) -> tuple[int, str]:
     """GET path through the dashboard's application in this process (no socket)."""
-    from det_local.web.app import create_app
-
-    status, _, body = asgi_get(create_app(), path, {"host": "127.0.0.1:8080"})
+    status, _, body = asgi_get(token_app(), path, {"host": "127.0.0.1:8080"})
     return status, body.decode()
 
 
@@ -171,9 +169,12 @@ def open_root() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-FETCH = (
+FETCH = (  # GET argv[1] with the token the daemon wrote (argv[2]: its file)
     "import sys, urllib.request\n"
-    "with urllib.request.urlopen('http://127.0.0.1:%d' + sys.argv[1], timeout=10) as r:\n"
+    "token = open(sys.argv[2]).read().strip()\n"
+    "req = urllib.request.Request('http://127.0.0.1:%d' + sys.argv[1],\n"
+    "                             headers={'Authorization': 'Bearer ' + token})\n"
+    "with urllib.request.urlopen(req, timeout=10) as r:\n"
     "    sys.stdout.write(r.read().decode())\n"
 )
 
@@ -192,7 +193,8 @@ def test_cluster_page_of_a_two_node_federation(open_root: Path) -> None:
         n1, n2 = two_nodes(net)
 
         def fetch(path: str) -> str:
-            r = n1.in_ns(sys.executable, "-c", FETCH % port, path)
+            token = open_root / "home1" / "run" / "dashboard.token"
+            r = n1.in_ns(sys.executable, "-c", FETCH % port, path, str(token))
             return r.stdout if r.returncode == 0 else ""
 
         wait_for(lambda: fetch("/api/peers"), timeout=30, what="node 1's dashboard")

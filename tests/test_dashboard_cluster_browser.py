@@ -30,7 +30,7 @@ def test_cluster_and_commands_pages_in_chromium(world: World, server: Server) ->
         problems = console_errors(page)
         page.set_default_timeout(30_000)
 
-        page.goto(server.base + "/")
+        server.open(page, "/")
         page.click("nav >> text=Cluster")
         page.wait_for_url("**/cluster")
         off = page.text_content("#cluster-off") or ""

@@ -5,7 +5,11 @@ validation metric that goes to 0 and below); switching x to records, epochs and 
 the charts' x data (read back from the uPlot instances); log y leaves the values <= 0 out with
 a note; top 3 draws three series thick, best first. A trial whose two ranks print through
 `determined.launch.wrap_rank` filters by rank (with the search). Compare draws both
-experiments' lines. The console stays clean; screenshots go to tests/artifacts/."""
+experiments' lines, its legend one entry per experiment. The frictions of issue 27: a chart's
+legend is one compact line of names (no "trial N: --" rows; grey trials left out), progress
+counters (batches, epochs) are not drawn as curves, and checkpoints that checkpoint GC deleted
+get no marker and no download command. The console stays clean; screenshots go to
+tests/artifacts/."""
 
 from __future__ import annotations
 
@@ -39,7 +43,9 @@ if hp.get("ranks"):
 with det.core.init() as core:
     n = int(hp["batches"])
     for step in range(1, n + 1):
-        core.train.report_training_metrics(step, {"loss": hp["lr"] / step})
+        # batches and epochs: progress counters, as Determined's trainers report them
+        progress = {"batches": step, "epochs": step * 4 / 16}
+        core.train.report_training_metrics(step, {"loss": hp["lr"] / step, **progress})
         if step % 2 == 0:
             core.train.report_validation_metrics(
                 step, {"val_loss": hp["lr"] * 10 / step, "val_gap": 0.5 - step / n}
@@ -109,7 +115,7 @@ def test_curve_controls(server: Server, exps: dict[str, int], page: Any) -> None
     curves = server.json(f"/api/experiments/{exp}/metrics")
     trials = curves["trials"]
     assert len(trials) == 4
-    page.goto(f"{server.base}/experiments/{exp}")
+    server.open(page, f"/experiments/{exp}")
     until(
         page,
         f"window.detCharts && window.detCharts.has('val_loss') && "
@@ -156,7 +162,7 @@ def test_curve_controls(server: Server, exps: dict[str, int], page: Any) -> None
     assert page.evaluate(f"{CHART.format('val_loss')}.scales.y.distr") == 3  # log y kept
     # an experiment without records_per_epoch: epochs is disabled, its title says why
     page.screenshot(path=str(ARTIFACTS / "curves-experiment.png"), full_page=True)
-    page.goto(f"{server.base}/experiments/{exps['single']}")
+    server.open(page, f"/experiments/{exps['single']}")
     until(page, "window.detCharts && window.detCharts.has('val_loss')")
     title = page.evaluate("document.querySelector('#x-unit option[value=epochs]').title")
     assert page.evaluate("document.querySelector('#x-unit option[value=epochs]').disabled")
@@ -167,24 +173,87 @@ def test_checkpoint_markers(server: Server, exps: dict[str, int], page: Any) -> 
     trial = server.json(f"/api/experiments/{exps['grid']}")["trials"][0]
     ckpts = server.json(f"/api/trials/{trial['id']}")["checkpoints"]
     assert sorted(c["steps_completed"] for c in ckpts) == [4, 8]
-    page.goto(f"{server.base}/trials/{trial['id']}")
+    kept = [c for c in ckpts if c["state"] != "DELETED"]
+    assert [c["steps_completed"] for c in kept] == [8], ckpts  # GC kept the best and latest
+    server.open(page, f"/trials/{trial['id']}")
     until(page, "window.detCharts && window.detCharts.has('validation: val_loss')")
-    until(page, "document.querySelectorAll('.chart .ckpt-marker').length >= 4")
+    until(page, "document.querySelectorAll('.chart .ckpt-marker').length >= 2")
     for metric in ("training: loss", "validation: val_loss"):
         titles = page.evaluate(
             f"[...document.querySelectorAll(\".chart[data-metric='{metric}'] .ckpt-marker\")]"
             ".map(m => m.title)"
         )
-        assert sorted(titles) == sorted(
-            f"checkpoint {c['uuid']} at {c['steps_completed']} batches ({c['state']})"
-            for c in ckpts
-        ), (metric, titles)
+        # a deleted checkpoint has no marker: nothing to go back to
+        assert titles == [
+            f"checkpoint {c['uuid']} at {c['steps_completed']} batches ({c['state']})" for c in kept
+        ], (metric, titles)
     page.screenshot(path=str(ARTIFACTS / "curves-trial.png"), full_page=True)
+
+
+def test_deleted_checkpoints_offer_no_download(server: Server, exps: dict[str, int]) -> None:
+    d = server.json(f"/api/experiments/{exps['grid']}")
+    deleted = [c for c in d["checkpoints"] if c["state"] == "DELETED"]
+    kept = [c for c in d["checkpoints"] if c["state"] != "DELETED"]
+    assert deleted and kept
+    status, body, _ = server.get(f"/experiments/{exps['grid']}")
+    html = body.decode()
+    assert status == 200
+    for c in kept:
+        assert f"det-local checkpoint download {c['uuid']}" in html
+    for c in deleted:
+        assert c["uuid"] not in html
+    assert html.count("deleted (its files are gone)") == len(deleted)
+
+
+def test_progress_counters_are_not_curves(server: Server, exps: dict[str, int], page: Any) -> None:
+    exp = exps["grid"]
+    trial = server.json(f"/api/experiments/{exp}")["trials"][0]
+    reported = server.json(f"/api/trials/{trial['id']}/metrics?group=training")[0]["metrics"]
+    assert {"batches", "epochs", "loss"} <= set(reported)
+    server.open(page, f"/experiments/{exp}")
+    until(page, "window.detCharts && window.detCharts.has('val_loss')")
+    page.click(".groups button[data-group=training]")
+    until(page, "window.detCharts.has('loss')")
+    assert sorted(page.evaluate("[...window.detCharts.keys()]")) == ["loss"]
+    server.open(page, f"/trials/{trial['id']}")
+    until(page, "window.detCharts && window.detCharts.has('training: loss')")
+    charts = page.evaluate("[...window.detCharts.keys()]")
+    assert sorted(charts) == ["training: loss", "validation: val_gap", "validation: val_loss"]
+
+
+def legend_entries(page: Any, chart: str) -> list[str]:
+    """The names a chart's legend shows (hidden rows left out)."""
+    return list(
+        page.evaluate(
+            f'[...document.querySelectorAll("{chart} .u-legend .u-series")]'
+            ".filter(r => r.offsetParent !== null).map(r => r.textContent.trim())"
+        )
+    )
+
+
+def test_legends_are_compact(server: Server, exps: dict[str, int], page: Any) -> None:
+    exp = exps["grid"]
+    server.open(page, f"/experiments/{exp}")
+    chart = ".chart[data-metric='val_loss']"
+    until(page, f'document.querySelectorAll("{chart} .u-legend .u-series").length === 4')
+    legend = page.locator(f"{chart} .u-legend")
+    text = legend.inner_text()
+    assert "--" not in text and "batches" not in text, text  # no values, no x entry
+    trials = server.json(f"/api/experiments/{exp}/metrics")["trials"]
+    assert legend_entries(page, chart) == [f"trial {t['trial_id']}" for t in trials]
+    box = legend.bounding_box()
+    assert box is not None and box["height"] <= 24, box  # one line under the chart
+    # top 1: the three grey trials leave the legend
+    page.select_option("#top-n", "1")
+    until(page, f"{CHART.format('val_loss')}.series[4].width === 1")
+    visible = legend_entries(page, chart)
+    assert visible == [f"trial {trials[0]['trial_id']}"], visible
+    page.screenshot(path=str(ARTIFACTS / "curves-legend.png"), full_page=True)
 
 
 def test_log_rank_filter(server: Server, exps: dict[str, int], page: Any) -> None:
     trial = server.json(f"/api/experiments/{exps['ranks']}")["trials"][0]
-    page.goto(f"{server.base}/trials/{trial['id']}")
+    server.open(page, f"/trials/{trial['id']}")
     until(page, "document.querySelectorAll('#log-rank option').length === 3")
     options = page.evaluate("[...document.querySelectorAll('#log-rank option')].map(o => o.value)")
     assert options == ["", "0", "1"]
@@ -207,7 +276,7 @@ def test_log_rank_filter(server: Server, exps: dict[str, int], page: Any) -> Non
 
 def test_compare_two_experiments(server: Server, exps: dict[str, int], page: Any) -> None:
     grid, single = exps["grid"], exps["single"]
-    page.goto(server.base + "/")
+    server.open(page, "/")
     page.check(f"input[name=ids][value='{grid}']")
     page.check(f"input[name=ids][value='{single}']")
     page.screenshot(path=str(ARTIFACTS / "curves-experiments.png"), full_page=True)
@@ -220,8 +289,11 @@ def test_compare_two_experiments(server: Server, exps: dict[str, int], page: Any
         f"{chart}.data.length > 1",
     )
     labels = page.evaluate(f"{chart}.series.slice(1).map(s => s.label)")
-    assert sum(lb.startswith(f"exp {grid} / trial ") for lb in labels) == 4, labels
-    assert sum(lb.startswith(f"exp {single} / trial ") for lb in labels) == 1, labels
+    assert sum(lb.startswith(f"exp {grid}") for lb in labels) == 4, labels
+    assert sum(lb.startswith(f"exp {single}") for lb in labels) == 1, labels
+    # the legend: each experiment once (lines are coloured by experiment)
+    entries = legend_entries(page, ".chart[data-metric='validation: val_loss']")
+    assert sorted(entries) == sorted([f"exp {grid}", f"exp {single}"]), entries
     # validation first, then training
     titles = page.evaluate("[...document.querySelectorAll('.chart')].map(c => c.dataset.metric)")
     assert titles[0] == "validation: val_loss" and titles[-1] == "training: loss", titles
@@ -254,7 +326,7 @@ def test_experiment_curves_follow_a_running_experiment(
             return int(exp["id"]) if any("waiting for" in ln for ln in lines) else None
 
         exp_id = wait_for(waiting, timeout=60, what="the trial to wait at its gate")
-        page.goto(f"{server.base}/experiments/{exp_id}")
+        server.open(page, f"/experiments/{exp_id}")
         page.click(".groups button[data-group=training]")
         loss = CHART.format("loss")
         until(page, f"window.detCharts.has('loss') && {loss}.data[0].length === 2")

@@ -46,10 +46,22 @@ def reachable(dl: Env) -> Iterator[Env]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def get(port: int, path: str) -> tuple[int, Any]:
+def token(dl: Env) -> str:
+    """The access token the daemon wrote for its dashboard (made again at each start)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return (dl.paths.run_dir / "dashboard.token").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def get(dl: Env, port: int, path: str, *, auth: bool = True) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token(dl)}"} if auth else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
     except (urllib.error.URLError, ConnectionError, OSError):
         return 0, None
 
@@ -65,43 +77,60 @@ def dashboards(daemon_pid: int) -> list[psutil.Process]:
     return out
 
 
-def serving(port: int) -> bool:
-    return get(port, "/api/experiments")[0] == 200
+def serving(dl: Env, port: int) -> bool:
+    return get(dl, port, "/api/experiments")[0] == 200
 
 
 def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
     dl = reachable
     port = free_port()
     pid = dl.daemon_start({"dashboard": {"port": port}})
-    wait_for(lambda: serving(port), timeout=30, what="the daemon's dashboard to serve")
-    assert get(port, "/api/experiments") == (200, [])
+    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
+    assert get(dl, port, "/api/experiments") == (200, [])
     (child,) = dashboards(pid)
     if os.geteuid() == 0:  # a root daemon's dashboard is never root
         assert child.uids().effective == pwd.getpwnam("nobody").pw_uid
-        assert get(port, "/api/slots")[0] == 200  # what it reads through the spool, as nobody
+        assert get(dl, port, "/api/slots")[0] == 200  # what it reads through the spool, as nobody
     log = dl.paths.dashboard_log
     assert "dashboard of" in log.read_text() and oct(log.stat().st_mode & 0o777) == "0o600"
+    # every request needs the token the daemon wrote: every user may read it under a root
+    # daemon (its dashboard shows only what every user may read), else only the daemon's user
+    first = token(dl)
+    assert len(first) >= 30 and first not in log.read_text()
+    tok = dl.paths.run_dir / "dashboard.token"
+    assert oct(tok.stat().st_mode & 0o777) == ("0o644" if os.geteuid() == 0 else "0o600")
+    status, body = get(dl, port, "/api/experiments", auth=False)
+    assert status == 401 and body["error"] == (
+        "this dashboard needs its access token (no access token): run `det-local dashboard "
+        "--url` on this machine and open the address it prints (it ends ?token=...)"
+    )
+    r = dl.det("dashboard", "--url")
+    assert r.rc == 0 and r.out.strip() == f"http://localhost:{port}/?token={first}", r
 
     os.kill(child.pid, signal.SIGKILL)
     wait_for(lambda: gone(child.pid), what="the dashboard to die")
     wait_for(
-        lambda: serving(port) and [p.pid for p in dashboards(pid)] not in ([], [child.pid]),
+        lambda: serving(dl, port) and [p.pid for p in dashboards(pid)] not in ([], [child.pid]),
         timeout=30,
         what="the dashboard to be restarted",
     )
     (again,) = dashboards(pid)
+    assert token(dl) != first  # a fresh token at each start
 
     r = dl.det("daemon", "stop")
     assert r.rc == 0, r
     wait_for(lambda: gone(again.pid), what="the dashboard to stop with the daemon")
-    assert not serving(port)
+    assert not serving(dl, port)
+    assert not tok.exists()
+    r = dl.det("dashboard", "--url")
+    assert r.rc == 1 and "is the daemon of" in r.err and "daemon status" in r.err, r
 
 
 def test_dashboard_ends_when_the_daemon_is_killed(reachable: Env) -> None:
     dl = reachable
     port = free_port()
     pid = dl.daemon_start({"dashboard": {"port": port}})
-    wait_for(lambda: serving(port), timeout=30, what="the daemon's dashboard to serve")
+    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
     (child,) = dashboards(pid)
     dl.kill_daemon()  # kill -9: no stop() runs; the pipe's end closes with the process
     wait_for(lambda: gone(child.pid), what="the orphaned dashboard to exit")

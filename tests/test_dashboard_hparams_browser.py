@@ -141,7 +141,7 @@ def test_hparams_view_of_an_asha_search(
     assert any(t["hparams"]["opt"] == HOSTILE for t in scored)  # the seed gives it a trial
 
     # from the experiment page's link
-    page.goto(f"{server.base}/experiments/{exp_id}")
+    server.open(page, f"/experiments/{exp_id}")
     page.click("text=Hyperparameter views")
     page.wait_for_url(f"**/experiments/{exp_id}/hparams")
     until(page, "document.getElementById('hp-count').textContent.includes('selected')")
@@ -263,7 +263,7 @@ def test_refresh_keeps_the_brush_and_the_zoom(
             return scored if len(scored) == 2 else None
 
         scored = wait_for(first_two, timeout=60, what="the first two trials' validations")
-        page.goto(f"{server.base}/experiments/{exp}/hparams")
+        server.open(page, f"/experiments/{exp}/hparams")
         until(page, "document.getElementById('hp-count').textContent === '2 of 2 trials selected'")
         lr = scored[0]["hparams"]["lr"]
         page.evaluate(
@@ -304,7 +304,7 @@ def test_notes_for_trials_without_a_metric(world: World, server: Server, page: A
     store = Store(Paths(world.home).db)
     try:
         exp = store.create_experiment(name="pending", config=config(ASHA))
-        page.goto(f"{server.base}/experiments/{exp}/hparams")
+        server.open(page, f"/experiments/{exp}/hparams")
         until(page, "document.getElementById('hp-note').textContent !== ''")
         assert page.inner_text("#hp-note") == "This experiment has no trials yet."
         assert page.inner_text("#hp-parallel") == "no trial has a validation metric yet"

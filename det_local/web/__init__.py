@@ -4,10 +4,11 @@ read-only and the trials' log files, with or without a daemon running.
 
 Starlette and uvicorn come with the optional extra `det-local[web]`; nothing here is imported
 by the rest of det-local but `supervisor` (which imports neither: the daemon runs the dashboard
-through it). Modules: `app` (the application and its routes' table), `guard` (loopback Host
-check and the access token), `jsonapi` (/api/), `pages` and `html` (the server-rendered
-pages), `cluster` and `commands` (those pages and their /api/ routes), `live` (server-sent
-events), `serve` (the process), `supervisor` (daemon.yaml's `dashboard:`, the daemon's child).
+through it). Modules: `app` (the application and its routes' table), `guard` (the access
+token on every request, and the loopback Host check), `pool` (the SQLite handles), `jsonapi`
+(/api/), `pages` and `html` (the server-rendered pages), `cluster` and `commands` (those pages
+and their /api/ routes), `live` (server-sent events, bounded), `serve` (the process),
+`supervisor` (daemon.yaml's `dashboard:`, the daemon's child, its token file).
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ from __future__ import annotations
 from det_local.errors import DetLocalError
 
 INSTALL_HINT = "pip install 'det-local[web]'"
+
+
+def install_hint() -> str:
+    """How to add the web extra to this det-local: from a source checkout (an editable
+    install, or PYTHONPATH) `pip install -e '.[web]'` in it, else from the package index."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "det_local").is_dir():
+        return f"cd {root} && pip install -e '.[web]' (a source checkout)"
+    return INSTALL_HINT
 
 
 def require_web() -> None:
@@ -30,5 +42,5 @@ def require_web() -> None:
     if missing:
         raise DetLocalError(
             f"the dashboard needs {' and '.join(missing)}, which this Python "
-            f"({sys.executable}) lacks: {INSTALL_HINT}"
+            f"({sys.executable}) lacks: {install_hint()}"
         )

@@ -3,6 +3,8 @@ behind the guard (guard.py) and headers that keep a page's content from being ru
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -13,7 +15,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from det_local.web import cluster, commands, compare, curvesapi, hparams, jsonapi, pages
-from det_local.web.guard import App, Guard, Message, Receive, Scope, Send
+from det_local.web.guard import STANDALONE_HINT, App, Guard, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -57,10 +59,27 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return pages.not_found(request)  # type: ignore[no-any-return]
 
 
-def create_app(*, token: str | None = None) -> App:
-    """The ASGI application. token: None answers only requests to a loopback address (Host
-    header); otherwise every request must carry it (guard.py)."""
+def create_app(
+    *,
+    token: str,
+    loopback_only: bool = True,
+    port: int | None = None,
+    hint: str = STANDALONE_HINT,
+    on_start: Callable[[], None] | None = None,
+) -> App:
+    """The ASGI application: every request must carry `token` (guard.py); loopback_only: only
+    requests to a loopback Host name are answered; port: the one it listens on (its cookie's
+    name); hint: how a refused user gets the token; on_start: run in the event loop before
+    the first request (serve.py bounds the worker threads there)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if on_start is not None:
+            on_start()
+        yield
+
     app = Starlette(
+        lifespan=lifespan,
         routes=[
             # before /api/'s catch-all (jsonapi.routes() ends with it)
             *curvesapi.ROUTES,
@@ -74,4 +93,5 @@ def create_app(*, token: str | None = None) -> App:
         ],
         exception_handlers={404: _not_found, 405: _not_found},
     )
-    return SecurityHeaders(Guard(app, token=token))
+    guard = Guard(app, token=token, loopback_only=loopback_only, port=port, hint=hint)
+    return SecurityHeaders(guard)

@@ -17,7 +17,7 @@ from det_local import api
 from det_local.tables import fmt_value
 from det_local.web.html import Html, join, link, page, page_data, table, tag
 from det_local.web.pages import curve_controls, html_errors, state_badge, value
-from det_local.web.responses import BadRequest
+from det_local.web.responses import BadRequest, as_id
 
 MISSING = "—"
 
@@ -30,13 +30,14 @@ def parse_ids(values: list[str]) -> list[int]:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit():
+            if not (part.isascii() and part.isdigit()):
                 raise BadRequest(
                     f"?ids={raw!r}: {part!r} is not an experiment id (ids are whole numbers, "
                     "e.g. /compare?ids=1,2)"
                 )
-            if int(part) not in ids:
-                ids.append(int(part))
+            exp_id = as_id(part, "experiment")
+            if exp_id not in ids:
+                ids.append(exp_id)
     if len(ids) > api.MAX_COMPARE:
         raise BadRequest(
             f"{len(ids)} experiments: at most {api.MAX_COMPARE} can be compared at once "

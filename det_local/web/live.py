@@ -14,6 +14,10 @@ CANCELED, ERROR; a paused experiment's stream stays open: it may be activated ag
 A stream polls the log file and the store (bounded: POLL_S, doubling to MAX_POLL_S while
 idle), in a worker thread so that the event loop never waits on a disk; a comment line every
 KEEPALIVE_S keeps proxies from closing an idle stream.
+
+Streams are bounded: at most PER_CLIENT open from one client address and TOTAL in all (a
+browser holds about 6 connections to one host; each page streams one). Beyond that a stream
+is refused with 503 and one line, and pages go on being answered.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from det_local.errors import DetLocalError
 from det_local.store.states import State
 from det_local.web.responses import error_status, json_response, path_id, query_int
 
+PER_CLIENT = 16
+TOTAL = 64
 POLL_S = 0.1
 MAX_POLL_S = 1.0
 KEEPALIVE_S = 15.0
@@ -47,12 +53,71 @@ def stopped(state: str) -> bool:
     return s.terminal or s is State.PAUSED
 
 
-def _sse(events: AsyncIterator[bytes]) -> Response:
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+class Streams:
+    """How many streams are open, by client address and in all."""
+
+    def __init__(self, per_client: int = PER_CLIENT, total: int = TOTAL) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.open: dict[str, int] = {}
+
+    def count(self) -> int:
+        return sum(self.open.values())
+
+    def take(self, client: str) -> str | None:
+        """None (one more stream of `client` counted), or why not (one line)."""
+        if self.open.get(client, 0) >= self.per_client:
+            return (
+                f"too many live streams from {client}: {self.per_client} are open (the most "
+                "one client may hold); close some dashboard pages and reload"
+            )
+        if self.count() >= self.total:
+            return (
+                f"too many live streams: {self.total} are open (the most this dashboard "
+                "serves); reload later"
+            )
+        self.open[client] = self.open.get(client, 0) + 1
+        return None
+
+    def give(self, client: str) -> None:
+        left = self.open.get(client, 0) - 1
+        if left > 0:
+            self.open[client] = left
+        else:
+            self.open.pop(client, None)
+
+
+STREAMS = Streams()  # this process's (the event loop's thread only: no lock)
+
+
+class _Stream(StreamingResponse):
+    """A stream that gives its place back however it ends (done, client gone, cancelled)."""
+
+    def __init__(self, events: AsyncIterator[bytes], client: str) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.client = client
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            STREAMS.give(self.client)
+
+
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _sse(request: Request, events: AsyncIterator[bytes]) -> Response:
+    client = client_of(request)
+    refused = STREAMS.take(client)
+    if refused is not None:
+        return json_response({"error": refused}, 503)
+    return _Stream(events, client)
 
 
 async def _follow(
@@ -105,7 +170,7 @@ async def trial_stream(request: Request) -> Response:
             out.append(event("end", {"state": state}))
         return out
 
-    return _sse(_follow(request, poll))
+    return _sse(request, _follow(request, poll))
 
 
 async def experiment_stream(request: Request) -> Response:
@@ -124,7 +189,7 @@ async def experiment_stream(request: Request) -> Response:
             out.append(event("end", {"state": state}))
         return out
 
-    return _sse(_follow(request, poll))
+    return _sse(request, _follow(request, poll))
 
 
 def _changes(new_last: int, last: int, new_state: str, state: str) -> list[bytes]:

@@ -252,7 +252,7 @@ def experiment_page(request: Request) -> Response:
             c["steps_completed"],
             c["state"],
             fmt_time(c["created_at"]),
-            tag("code", f"det-local checkpoint download {c['uuid']}", class_="copy"),
+            _download(c),
         ]
         for c in ckpts
     ]
@@ -334,6 +334,14 @@ def _hparam_names(trials: list[dict[str, Any]]) -> list[str]:
     for t in trials:
         names.update(dict.fromkeys(k for k, _ in flatten(t["hparams"])))
     return list(names)
+
+
+def _download(c: dict[str, Any]) -> Html:
+    """The command that downloads a checkpoint; a deleted one (checkpoint GC removed its
+    files) has nothing to download, and says so."""
+    if c["state"] == "DELETED":
+        return tag("span", "deleted (its files are gone)", class_="muted")
+    return tag("code", f"det-local checkpoint download {c['uuid']}", class_="copy")
 
 
 def _short(uuid: str | None) -> Html:
@@ -495,6 +503,7 @@ def not_found(request: Request) -> Response:
 
 ROUTES = [
     Route("/", experiments_page),
+    Route("/experiments", experiments_page),
     Route("/experiments/{experiment_id}", experiment_page),
     Route("/trials/{trial_id}", trial_page),
     Route("/queue", queue_page),

@@ -27,7 +27,13 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 def error_status(err: DetLocalError) -> int:
-    return 404 if isinstance(err, NotFoundError) else 400
+    """404 for an unknown id, 403 for what this dashboard's user may not read (a private
+    trial log), else 400."""
+    from det_local.sched.attach import LogsPrivate
+
+    if isinstance(err, NotFoundError):
+        return 404
+    return 403 if isinstance(err, LogsPrivate) else 400
 
 
 def json_errors(endpoint: Callable[[Request], Response]) -> Callable[[Request], Response]:
@@ -54,26 +60,38 @@ def unexpected(err: Exception) -> str:
     )
 
 
-def path_id(request: Request, name: str) -> int:
-    """An id from the path: 404 (as an unknown id) when it is not a number."""
-    raw = request.path_params[name]
-    if not str(raw).isdigit():
-        kind = name.removesuffix("_id")
+MAX_ID = (1 << 63) - 1  # SQLite's largest integer: no row has a larger id
+
+
+def as_id(raw: str, kind: str) -> int:
+    """An id as the store keeps them: NotFoundError (404) for anything else (not a number, or
+    a number no row can have)."""
+    raw = str(raw)
+    if not (raw.isascii() and raw.isdigit()):
         raise NotFoundError(f"{kind} {raw!r} not found: {kind} ids are whole numbers")
+    if len(raw) > 19 or int(raw) > MAX_ID:
+        raise NotFoundError(f"{kind} {raw[:40]} not found: no {kind} id is that large")
     return int(raw)
+
+
+def path_id(request: Request, name: str) -> int:
+    """An id from the path: 404 (as an unknown id) when it is not one."""
+    return as_id(request.path_params[name], name.removesuffix("_id"))
 
 
 def query_int(request: Request, name: str, default: int | None = None) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"?{name}={raw!r} is not a whole number") from None
-    if value < 0:
-        raise BadRequest(f"?{name}={raw!r} must be 0 or more")
-    return value
+    text = raw.strip()
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise BadRequest(f"?{name}={raw[:40]!r} is not a whole number")
+    if text.startswith("-"):
+        raise BadRequest(f"?{name}={raw[:40]!r} must be 0 or more")
+    if len(digits) > 19 or int(digits) > MAX_ID:
+        raise BadRequest(f"?{name}={raw[:40]} is too large (at most {MAX_ID})")
+    return int(digits)
 
 
 def query_flag(request: Request, name: str) -> bool:

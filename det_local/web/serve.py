@@ -1,14 +1,18 @@
-"""`det-local dashboard`: the process. Binds 127.0.0.1 unless told otherwise; any other
-address gets a fresh access token, printed with the address, that every request must carry."""
+"""`det-local dashboard`: the process. Binds 127.0.0.1 unless told otherwise; every request
+must carry the access token (guard.py): a fresh one, printed with the address to whoever
+started it, or, for the daemon's dashboard, the one the daemon wrote to a file
+(web/supervisor.py)."""
 
 from __future__ import annotations
 
 import secrets
 import socket
 import sys
+from pathlib import Path
 
 from det_local.errors import DetLocalError
-from det_local.web.guard import is_loopback
+from det_local.store.paths import Paths
+from det_local.web.guard import STANDALONE_HINT, is_loopback
 
 
 def address(host: str, port: int, token: str | None) -> str:
@@ -16,6 +20,32 @@ def address(host: str, port: int, token: str | None) -> str:
     if host in ("0.0.0.0", "::"):
         shown = socket.gethostname()
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def daemon_address(paths: Paths) -> str:
+    """`det-local dashboard --url`: the address of the daemon's dashboard with its token;
+    DetLocalError (one line) when there is none or its token cannot be read."""
+    from det_local.web.supervisor import load_dashboard_settings, token_path
+
+    settings = load_dashboard_settings(paths.settings)
+    path = token_path(paths.run_dir)
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        if not settings.enabled:
+            raise DetLocalError(
+                f"no dashboard serves {paths.home} for everyone: {paths.settings} has no "
+                f"`dashboard:` section and there is no {path} (the systemd unit writes it); "
+                "start one of your own with `det-local dashboard`"
+            ) from None
+        raise DetLocalError(
+            f"no dashboard token in {path}: is the daemon of {paths.home} running? "
+            "(`det-local daemon status`)"
+        ) from None
+    except OSError as err:
+        raise DetLocalError(f"cannot read the dashboard's token {path}: {err.strerror}") from None
+    host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
+    return address(host, settings.port, token)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -42,6 +72,7 @@ def preload() -> None:
     import difflib  # noqa: F401
     import urllib.parse  # noqa: F401
 
+    import anyio.to_thread  # noqa: F401
     import msgpack  # noqa: F401
     import psutil  # noqa: F401
     import yaml  # noqa: F401
@@ -63,10 +94,46 @@ def preload() -> None:
     import det_local.web.live  # noqa: F401
 
 
-def serve(host: str, port: int, *, user: str | None = None, exit_fd: int | None = None) -> None:
+DAEMON_HINT = (
+    "run `det-local dashboard --url` on this machine and open the address it prints "
+    "(it ends ?token=...)"
+)
+MAX_CONNECTIONS = 256  # open connections served at once; uvicorn answers 503 beyond
+
+
+def read_token(path: Path) -> str:
+    """The token the daemon wrote for its dashboard (web/supervisor.py); one line errors."""
+    try:
+        token = path.read_text().strip()
+    except OSError as err:
+        raise DetLocalError(f"cannot read the dashboard's token {path}: {err.strerror}") from None
+    if len(token) < 16:
+        raise DetLocalError(f"the dashboard's token file {path} holds no token")
+    return token
+
+
+def more_files() -> None:
+    """The soft limit on open files up to its hard limit (streams and their clients)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def serve(
+    host: str,
+    port: int,
+    *,
+    user: str | None = None,
+    exit_fd: int | None = None,
+    token_file: Path | None = None,
+) -> None:
     """Run the dashboard until Ctrl-C (or SIGTERM). user: started as root, switch to this
     user once the port is bound; exit_fd: end when that pipe reaches EOF (the daemon that
-    started this one has gone: web/supervisor.py)."""
+    started this one has gone: web/supervisor.py); token_file: the access token is the one
+    in this file (the daemon's dashboard), else a fresh one printed with the address."""
     from det_local.web import require_web
 
     require_web()
@@ -76,32 +143,49 @@ def serve(host: str, port: int, *, user: str | None = None, exit_fd: int | None 
 
     from det_local.api import paths
     from det_local.web.app import create_app
+    from det_local.web.pool import install, limit_threads
     from det_local.web.supervisor import drop_to, exit_with
 
     if user is not None and os.geteuid() != 0:
         raise DetLocalError(
             f"--user {user}: only a dashboard started as root switches user; leave --user out"
         )
-    token = None if is_loopback(host) else secrets.token_urlsafe(24)
+    token = read_token(token_file) if token_file else secrets.token_urlsafe(24)
     sock = bind(host, port)
     port = int(sock.getsockname()[1])  # --port 0: the one the system chose
-    app = create_app(token=token)
+    more_files()
+    app = create_app(
+        token=token,
+        loopback_only=is_loopback(host),
+        port=port,
+        hint=DAEMON_HINT if token_file else STANDALONE_HINT,
+        on_start=limit_threads,
+    )
+    home = paths()
+    install(home)
     if user is not None:
         preload()
         drop_to(user)
     if exit_fd is not None:
         exit_with(exit_fd)
-    print(f"det-local dashboard of {paths().home}: {address(host, port, token)}", flush=True)
-    if token:
+    if token_file:
+        print(f"det-local dashboard of {home.home}: {address(host, port, None)}", flush=True)
         print(
-            f"  listening on {host}: every request needs the token above "
-            "(header 'Authorization: Bearer TOKEN' or ?token=TOKEN)",
+            f"  its access token is in {token_file}: `det-local dashboard --url` prints the "
+            "address with it",
             flush=True,
         )
     else:
+        print(f"det-local dashboard of {home.home}: {address(host, port, token)}", flush=True)
+        print(
+            "  open the address above (it sets a cookie); scripts send the header "
+            "'Authorization: Bearer TOKEN'",
+            flush=True,
+        )
+    if is_loopback(host):
         print(
             f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, "
-            f"then open http://localhost:{port}/",
+            f"then open the address with localhost:{port}",
             flush=True,
         )
     if user is not None:
@@ -111,7 +195,8 @@ def serve(host: str, port: int, *, user: str | None = None, exit_fd: int | None 
         app,
         log_level="warning",
         access_log=False,
-        lifespan="off",
+        lifespan="on",
         timeout_graceful_shutdown=1,
+        limit_concurrency=MAX_CONNECTIONS,
     )
     uvicorn.Server(config).run(sockets=[sock])

@@ -5,8 +5,8 @@ daemon's footprint does not change).
 ```yaml
 dashboard:
   port: 8080          # the section turns it on (off without it); 1-65535
-  host: 127.0.0.1     # anything but the loopback needs the token the dashboard prints (in its
-                      # log, DET_LOCAL_HOME/run/dashboard.log)
+  host: 127.0.0.1     # every request needs its token: `det-local dashboard --url` prints
+                      # the address with it
   user: nobody        # a daemon run as root runs the dashboard as this user (never as root)
   enabled: true       # false keeps the section but runs no dashboard
 ```
@@ -15,6 +15,13 @@ The child is restarted with a growing delay (1 s, doubling to 60 s; back to 1 s 
 a minute) when it exits; it is stopped with the daemon, and it exits by itself when the daemon
 dies (even by kill -9): it holds the read end of a pipe whose write end only the daemon has
 (`det-local dashboard --exit-with-fd`). Its output goes to DET_LOCAL_HOME/run/dashboard.log.
+
+Every request carries an access token (web/guard.py), made fresh at each start of the child
+and written by the daemon to DET_LOCAL_HOME/run/dashboard.token (`write_token`), which the child
+reads before it switches user: under a daemon run as root the file is root's, mode 0644 (every
+user of this machine may read it: the dashboard shows only what every user may read, below),
+otherwise the daemon's user's alone (0600). `det-local dashboard --url` prints the address with
+it. The design: docs/system-mode.md, "Dashboard".
 
 A daemon run as root starts it with `--user USER`: the dashboard binds its port and loads its
 code as root, then switches to USER (no supplementary groups) before it serves. USER reads what
@@ -129,9 +136,10 @@ def check_user(user: str, where: str) -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def child_argv(settings: DashboardSettings, exit_fd: int) -> list[str]:
+def child_argv(settings: DashboardSettings, exit_fd: int, token_file: Path) -> list[str]:
     argv = [sys.executable, "-m", "det_local.cli.main", "dashboard"]
     argv += ["--host", settings.host, "--port", str(settings.port), "--exit-with-fd", str(exit_fd)]
+    argv += ["--token-file", str(token_file)]
     if os.geteuid() == 0:
         argv += ["--user", settings.user]
     return argv
@@ -153,6 +161,10 @@ class DashboardChild:
     def log_path(self) -> Path:
         return self.view.paths.dashboard_log
 
+    @property
+    def token_path(self) -> Path:
+        return token_path(self.view.paths.run_dir)
+
     async def start(self) -> None:
         self.pipe = os.pipe()  # the child's read end reaches EOF when this process ends
         self.task = asyncio.get_running_loop().create_task(self._keep_running())
@@ -162,10 +174,11 @@ class DashboardChild:
         read_end = self.pipe[0]
         env = {**os.environ, "DET_LOCAL_HOME": str(self.view.paths.home)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        write_token(self.token_path)
         with open(self.log_path, "ab") as log:
-            os.chmod(self.log_path, 0o600)  # the token of a non-loopback dashboard is in it
+            os.chmod(self.log_path, 0o600)
             return await asyncio.create_subprocess_exec(
-                *child_argv(self.settings, read_end),
+                *child_argv(self.settings, read_end, self.token_path),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -218,11 +231,41 @@ class DashboardChild:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
+        with contextlib.suppress(OSError):
+            self.token_path.unlink()
         if self.pipe is not None:
             for fd in self.pipe:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self.pipe = None
+
+
+TOKEN_FILE = "dashboard.token"
+
+
+def token_path(run_dir: Path) -> Path:
+    return run_dir / TOKEN_FILE
+
+
+def write_token(path: Path) -> str:
+    """A fresh access token for the dashboard, in `path` (replaced whole, never readable half
+    written): 0644 when this process is root (every user may read what that dashboard shows),
+    else 0600."""
+    import secrets
+
+    token = secrets.token_urlsafe(24)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fchmod(fd, 0o644 if os.geteuid() == 0 else 0o600)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return token
 
 
 def extension(settings: DashboardSettings) -> ExtensionFactory:

@@ -20,13 +20,17 @@ function el(name, text, cls) {
   return e;
 }
 
+// Progress counters a trainer reports beside its metrics: how far it got, not how well it
+// learns; they are not drawn as curves (the x axis shows them).
+const PROGRESS = new Set(["batches", "epochs"]);
+
 // reports -> Map metric -> [{step, time, y}], ascending steps, one point per step (the latest
 // report wins: a restarted run replaces what it repeats)
 function pointsOf(reports) {
   const byMetric = new Map();
   for (const r of reports) {
     for (const [name, v] of Object.entries(r.metrics)) {
-      if (typeof v !== "number") continue;
+      if (typeof v !== "number" || PROGRESS.has(name)) continue;
       if (!byMetric.has(name)) byMetric.set(name, new Map());
       byMetric.get(name).set(r.steps_completed, {step: r.steps_completed, time: r.time, y: v});
     }
@@ -121,8 +125,10 @@ function addLine(curves, key, line) {
 }
 
 // ---------------------------------------------------------------- charts
-// One chart: one line per series ({label, xs, ys, stroke, width}); `charts` keeps it for later
-// updates. opts (all given): {axis (the x axis' label), logY, plugins}.
+// One chart: one line per series ({label, xs, ys, stroke, width, legend}); `charts` keeps it for
+// later updates. opts (all given): {axis (the x axis' label), logY, plugins}. The legend is one
+// compact line of names under the chart (no values: uPlot's live legend listed every line as
+// "trial N: --" in rows); a line with legend: false (the grey ones) is left out of it.
 class Chart {
   constructor(parent, title, lines, opts) {
     this.box = el("div", undefined, "chart");
@@ -131,7 +137,8 @@ class Chart {
     const series = [{label: opts.axis}];
     lines.forEach((l, i) => series.push(
       {label: String(l.label), stroke: l.stroke || COLORS[i % COLORS.length], width: l.width || 1.5,
-       spanGaps: true, points: {show: false}, top: !!l.top}));
+       spanGaps: true, points: {show: false}, top: !!l.top,
+       class: l.legend === false ? "no-legend" : undefined}));
     this.key = Chart.key(lines, opts);
     this.labels = lines.map(l => l.label);
     this.logY = opts.logY;
@@ -139,6 +146,7 @@ class Chart {
       title: title, width: Math.min(560, window.innerWidth - 60), height: 260,
       scales: {x: {time: false}, y: opts.logY ? {distr: 3, log: 10} : {}},
       series: series, axes: [{label: opts.axis}, {}], plugins: opts.plugins,
+      legend: {live: false},
     }, [[]], this.box);
     this.note = el("div", "", "chart-note muted");
     this.box.appendChild(this.note);
@@ -146,7 +154,8 @@ class Chart {
 
   // What the chart is drawn with, beyond its data: a change rebuilds it.
   static key(lines, opts) {
-    return JSON.stringify([opts.axis, !!opts.logY, lines.map(l => [l.label, l.stroke, l.width])]);
+    return JSON.stringify([opts.axis, !!opts.logY,
+      lines.map(l => [l.label, l.stroke, l.width, l.legend])]);
   }
 
   zoom() {
@@ -266,7 +275,7 @@ async function experimentPage() {
     body.trials.forEach((t, i) => {
       const hot = top.has(t.trial_id) || !ranked.length;
       const style = hot ? {stroke: COLORS[i % COLORS.length], width: ranked.length ? 2.5 : 1.5, top: ranked.length > 0}
-        : {stroke: GREY, width: 1};
+        : {stroke: GREY, width: 1, legend: false};
       for (const [metric, pts] of pointsOf(t.reports)) {
         addLine(curves, metric, lineOf(pts, unitInfo(body, t), c, `trial ${t.trial_id}`, style));
       }
@@ -323,9 +332,12 @@ async function comparePage() {
       const color = COLORS[exps.findIndex(e => e.id === b.experiment_id) % COLORS.length];
       for (const t of b.trials) {
         for (const [metric, pts] of pointsOf(t.reports)) {
-          const label = `exp ${b.experiment_id} / trial ${t.trial_id}`;
-          addLine(curves, `${b.group}: ${metric}`,
-            lineOf(pts, unitInfo(b, t), c, label, {stroke: color, width: 1.5}));
+          // the legend names each experiment once (its colour), not every trial
+          const key = `${b.group}: ${metric}`;
+          const named = (curves.get(key) || []).some(l => l.exp === b.experiment_id && l.legend !== false);
+          const line = lineOf(pts, unitInfo(b, t), c, named ? `exp ${b.experiment_id} / trial ${t.trial_id}`
+            : `exp ${b.experiment_id}`, {stroke: color, width: 1.5, legend: named ? false : undefined});
+          addLine(curves, key, {...line, exp: b.experiment_id});
         }
       }
     }
@@ -366,6 +378,7 @@ function checkpointMarkers(checkpoints) {
       ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
       const shown = [];
       for (const c of checkpoints()) {
+        if (c.state === "DELETED") continue;  // its files are gone: nothing to go back to
         const x = u.valToPos(c.steps_completed, "x", true);
         if (!(x >= left && x <= left + width)) continue;
         ctx.beginPath();
