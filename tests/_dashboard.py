@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pwd
 import re
 import socket
 import subprocess
@@ -250,3 +251,14 @@ def asgi_get(
 
     asyncio.run(app(scope, receive, send))
     return out["status"], out["headers"], out["body"]
+
+
+def curl(user: str, url: str, *args: str) -> tuple[int, str]:
+    """curl as `user` (its uid and group only): (HTTP status, body)."""
+    pw = pwd.getpwnam(user)
+    argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
+    argv += ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", *args, url]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    body, _, status = r.stdout.rpartition("\n")
+    assert status.isdigit(), r
+    return int(status), body

@@ -187,6 +187,15 @@ def test_pages_show_user_strings_as_text(world: World, exp_id: int, server: Serv
     assert status == 404 and "experiment 999 not found" in body.decode()
 
 
+def test_experiments_at_both_addresses(exp_id: int, server: Server) -> None:
+    """/experiments (where a Determined user looks) is the list, as / is."""
+    home = server.get("/")
+    listed = server.get("/experiments")
+    assert listed[0] == 200 and home[0] == 200
+    assert f'href="/experiments/{exp_id}"' in listed[1].decode()
+    assert listed[1] == home[1]
+
+
 # ---------------------------------------------------------------------------- live
 def read_events(
     server: Server,

@@ -10,6 +10,7 @@ import os
 import pwd
 import shutil
 import signal
+import subprocess
 import tempfile
 import urllib.error
 import urllib.request
@@ -180,3 +181,50 @@ def test_daemon_refuses_a_bad_dashboard_section(dl: Env) -> None:
     r = dl.det("daemon")  # in the foreground: the error, and no daemon
     one_line_error(r, "dashboard.port", "1-65535")
     assert dl.daemon_pid() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real Unix users need root")
+def test_every_user_logs_in_and_sees_what_every_user_may_read(
+    reachable: Env, accounts: None
+) -> None:
+    """The design (docs/system-mode.md, "Dashboard"): a root daemon's dashboard runs as nobody;
+    its token is in run/dashboard.token, which every user may read; with it, any user sees what
+    every user may read, and nobody's private log, not even its owner's."""
+    import json as _json
+
+    from _dashboard import curl
+    from conftest import A, B
+
+    dl = reachable
+    ids = {}
+    for name, line in (("open", "a line every user may read"), ("private", "a private line")):
+        cfg, ctx = dl.context(f"print({line!r}, flush=True)", name=name)
+        r = dl.det("run", cfg, ctx)  # no daemon yet: embedded, as root
+        assert r.rc == 0, r
+        exp = int(dl.json("experiment", "list", "--all")[-1]["id"])
+        ids[name] = (exp, int(dl.json("trial", "list", exp)[0]["id"]))
+    private = dl.paths.trial_log(*ids["private"])
+    pw = pwd.getpwnam(A)
+    os.chown(private, pw.pw_uid, pw.pw_gid)
+    os.chmod(private, 0o600)
+
+    port = free_port()
+    dl.daemon_start({"dashboard": {"port": port}})
+    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
+    base = f"http://127.0.0.1:{port}"
+    status, body = curl(B, f"{base}/api/experiments")
+    assert status == 401 and "det-local dashboard --url" in _json.loads(body)["error"]
+    # B reads the token from the file (as `det-local dashboard --url` does) and logs in
+    pwb = pwd.getpwnam(B)
+    cat = ["setpriv", f"--reuid={pwb.pw_uid}", f"--regid={pwb.pw_gid}", "--clear-groups", "cat"]
+    r = subprocess.run([*cat, str(dl.paths.run_dir / "dashboard.token")], capture_output=True)
+    assert r.returncode == 0, r
+    auth = ("-H", f"Authorization: Bearer {r.stdout.decode().strip()}")
+    status, body = curl(B, f"{base}/api/experiments", *auth)
+    assert status == 200 and len(_json.loads(body)) == 2
+    status, body = curl(B, f"{base}/api/trials/{ids['open'][1]}/logs", *auth)
+    assert status == 200 and "a line every user may read" in _json.loads(body)["lines"]
+    for user in (B, A):  # nobody's view: A's private log is not shown, not even to A
+        status, body = curl(user, f"{base}/api/trials/{ids['private'][1]}/logs", *auth)
+        assert status == 403, body
+        assert _json.loads(body)["error"].startswith(f"permission denied: cannot read {private}")

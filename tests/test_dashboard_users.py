@@ -15,7 +15,6 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,23 +26,19 @@ pytest.importorskip("uvicorn", reason="the dashboard needs the web extra")
 if os.geteuid() != 0:
     pytest.skip("real Unix users need root", allow_module_level=True)
 
-from _dashboard import Server, World, finished_experiment, make_world, serve  # noqa: E402
+from _dashboard import (  # noqa: E402
+    Server,
+    World,
+    curl,
+    finished_experiment,
+    make_world,
+    serve,
+)
 from conftest import A, B, kill_home_processes  # noqa: E402
 
 from det_local.store.paths import Paths  # noqa: E402
 
 serving = contextlib.contextmanager(serve)
-
-
-def curl(user: str, url: str, *args: str) -> tuple[int, str]:
-    """curl as `user` (its uid and group only): (HTTP status, body)."""
-    pw = pwd.getpwnam(user)
-    argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
-    argv += ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", *args, url]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
-    body, _, status = r.stdout.rpartition("\n")
-    assert status.isdigit(), r
-    return int(status), body
 
 
 @pytest.fixture(scope="module")
