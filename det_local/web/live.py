@@ -66,6 +66,13 @@ class Streams:
 
     def take(self, client: str) -> str | None:
         """None (one more stream of `client` counted), or why not (one line)."""
+        why = self.why_not(client)
+        if why is None:
+            self.open[client] = self.open.get(client, 0) + 1
+        return why
+
+    def why_not(self, client: str) -> str | None:
+        """Why `client` may not open one more stream now (one line), or None."""
         if self.open.get(client, 0) >= self.per_client:
             return (
                 f"too many live streams from {client}: {self.per_client} are open (the most "
@@ -76,7 +83,6 @@ class Streams:
                 f"too many live streams: {self.total} are open (the most this dashboard "
                 "serves); reload later"
             )
-        self.open[client] = self.open.get(client, 0) + 1
         return None
 
     def give(self, client: str) -> None:
@@ -110,6 +116,12 @@ class _Stream(StreamingResponse):
 
 def client_of(request: Request) -> str:
     return request.client.host if request.client else "unknown"
+
+
+def _full(request: Request) -> Response | None:
+    """The refusal, before any work, of a stream there is no room for."""
+    why = STREAMS.why_not(client_of(request))
+    return None if why is None else json_response({"error": why}, 503)
 
 
 def _sse(request: Request, events: AsyncIterator[bytes]) -> Response:
@@ -147,6 +159,8 @@ async def _follow(
 
 
 async def trial_stream(request: Request) -> Response:
+    if (full := _full(request)) is not None:
+        return full
     try:
         trial_id = path_id(request, "trial_id")
         offset = query_int(request, "offset", 0) or 0
@@ -174,6 +188,8 @@ async def trial_stream(request: Request) -> Response:
 
 
 async def experiment_stream(request: Request) -> Response:
+    if (full := _full(request)) is not None:
+        return full
     try:
         exp_id = path_id(request, "experiment_id")
         state, last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, None)

@@ -62,7 +62,7 @@ def bind(host: str, port: int) -> socket.socket:
             f"the dashboard cannot listen on {host}:{port}: {err.strerror}; "
             "choose another with --port (or --host)"
         ) from None
-    sock.listen(128)
+    sock.listen(BACKLOG)
     return sock
 
 
@@ -98,7 +98,9 @@ DAEMON_HINT = (
     "run `det-local dashboard --url` on this machine and open the address it prints "
     "(it ends ?token=...)"
 )
-MAX_CONNECTIONS = 256  # open connections served at once; uvicorn answers 503 beyond
+BACKLOG = 2048  # connections waiting to be accepted (beyond, the kernel drops: a 1 s retry)
+MAX_CONNECTIONS = 4096  # the last bound on open connections (uvicorn answers 503 beyond); the
+# streams' own caps (live.py) refuse floods long before it, with their one line
 
 
 def read_token(path: Path) -> str:
@@ -112,14 +114,18 @@ def read_token(path: Path) -> str:
     return token
 
 
-def more_files() -> None:
-    """The soft limit on open files up to its hard limit (streams and their clients)."""
+def more_files() -> int:
+    """The soft limit on open files up to its hard limit (streams and their clients); returns
+    how many connections may be open at once below it."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        soft = want
+    room = 65536 if soft == resource.RLIM_INFINITY else soft - 64  # the log, the pool, ...
+    return max(64, min(MAX_CONNECTIONS, room))
 
 
 def serve(
@@ -153,7 +159,7 @@ def serve(
     token = read_token(token_file) if token_file else secrets.token_urlsafe(24)
     sock = bind(host, port)
     port = int(sock.getsockname()[1])  # --port 0: the one the system chose
-    more_files()
+    connections = more_files()
     app = create_app(
         token=token,
         loopback_only=is_loopback(host),
@@ -197,6 +203,6 @@ def serve(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=1,
-        limit_concurrency=MAX_CONNECTIONS,
+        limit_concurrency=connections,
     )
     uvicorn.Server(config).run(sockets=[sock])
