@@ -18,4 +18,5 @@ bench:
 	python bench/launch_overhead.py
 	python bench/asha_sim.py
 	python bench/dashboard.py
+	python bench/dashboard_flood.py
 	python bench/trial_start.py
