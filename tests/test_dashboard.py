@@ -356,6 +356,20 @@ def test_dashboard_errors_are_one_line(world: World, server: Server) -> None:
     assert f"cd {root} && pip install -e '.[web]' (a source checkout)" in p.stderr, p.stderr
 
 
+def test_install_hint_where_det_local_came_from(tmp_path: Path) -> None:
+    from det_local.web import install_hint
+
+    checkout = tmp_path / "src" / "det-local"
+    (checkout / "det_local").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("[project]\n")
+    assert install_hint(str(checkout / "det_local")) == (
+        f"cd {checkout} && pip install -e '.[web]' (a source checkout)"
+    )
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    (site / "det_local").mkdir(parents=True)
+    assert install_hint(str(site / "det_local")) == "pip install 'det-local[web]'"
+
+
 def test_sample_in_the_store(tmp_path: Path) -> None:
     store = Store(tmp_path / "db.sqlite")
     exp = store.create_experiment(name="x", config={})

@@ -18,12 +18,13 @@ from det_local.errors import DetLocalError
 INSTALL_HINT = "pip install 'det-local[web]'"
 
 
-def install_hint() -> str:
-    """How to add the web extra to this det-local: from a source checkout (an editable
-    install, or PYTHONPATH) `pip install -e '.[web]'` in it, else from the package index."""
+def install_hint(package: str | None = None) -> str:
+    """How to add the web extra to this det-local (whose det_local/ is `package`): from a
+    source checkout (an editable install, or PYTHONPATH) `pip install -e '.[web]'` in it, else
+    from the package index."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(package or Path(__file__).resolve().parent.parent).parent
     if (root / "pyproject.toml").is_file() and (root / "det_local").is_dir():
         return f"cd {root} && pip install -e '.[web]' (a source checkout)"
     return INSTALL_HINT
