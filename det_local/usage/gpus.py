@@ -13,8 +13,8 @@ names a JSON file the test writes (and rewrites) with what NVML would say::
     {"devices": {"0": {"util": 80, "mem_mb": 4000}},
      "processes": [{"pid": 1234, "slot": 0, "mem_mb": 2000, "util": 75}]}
 
-Devices it leaves out read 0 % and 0 MiB; an unreadable file reads as all idle (it may be
-half-written: tests replace it atomically).
+Devices (and fields) it leaves out read 0 % and 0 MiB; an unreadable file reads as all idle
+(it may be half-written: tests replace it atomically).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def fake_readings(n: int) -> dict[int, GpuReading]:
             except ValueError:
                 continue
             if i in out and isinstance(dev, dict):
-                out[i].util_pct = _num(dev.get("util"))
-                out[i].mem_used_mb = _num(dev.get("mem_mb"))
+                out[i].util_pct = _num(dev.get("util")) or 0.0
+                out[i].mem_used_mb = _num(dev.get("mem_mb")) or 0.0
     for proc in data.get("processes") or []:
         if not isinstance(proc, dict):
             continue

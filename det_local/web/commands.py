@@ -53,7 +53,7 @@ def commands_page(request: Request) -> Response:
     now = time.time()
     rows = [
         [
-            c["id"],
+            link(f"/commands/{c['id']}", c["id"]),  # its page: system metrics (web/usage.py)
             str(c["kind"]).lower(),
             c["name"],
             c["user"],
