@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS system_samples (
     metrics TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS system_samples_by_job ON system_samples(job_id, time);
+CREATE INDEX IF NOT EXISTS system_samples_by_age ON system_samples(span, time);
 CREATE INDEX IF NOT EXISTS system_samples_by_trial ON system_samples(trial_id, time)
     WHERE trial_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS job_idle (
@@ -188,20 +189,33 @@ class UsageTable:
         )
         return int(cur.lastrowid or 0)
 
-    def allocations(
-        self, since: float = 0.0, job_id: int | None = None
-    ) -> Iterable[tuple[Any, ...]]:
-        """Raw rows (user, kind, experiment_id, slots, started_at, ended_at, util_sum, util_n,
-        job_id) of the allocations open at any time after `since`: the usage report's input."""
-        sql = (
-            "SELECT user, kind, experiment_id, slots, started_at, ended_at, util_sum, util_n,"
-            " job_id FROM allocations WHERE (ended_at IS NULL OR ended_at > ?)"
+    def aggregate(self, since: float, until: float, by: str) -> list[tuple[Any, ...]]:
+        """The allocations' part inside since..until, summed in SQL per (key, kind, user):
+        (key, kind, user, allocations, slot_seconds, sampled_slot_seconds, used_slot_seconds).
+        `by`: user | experiment | kind | slot (one row per slot an allocation held)."""
+        inside = (
+            "WITH a AS (SELECT user, kind, experiment_id, slots, n_slots, util_sum, util_n,"
+            " MIN(COALESCE(ended_at, :until), :until) - MAX(started_at, :since) AS span"
+            " FROM allocations WHERE (ended_at IS NULL OR ended_at > :since)"
+            " AND started_at < :until)"
         )
-        args: list[Any] = [since]
-        if job_id is not None:
-            sql += " AND job_id=?"
-            args.append(job_id)
-        return self.conn.execute(sql, args)
+        sums = (
+            "count(*), sum(span * {n}),"
+            " sum(CASE WHEN util_n > 0 THEN span * {n} ELSE 0 END),"
+            " sum(CASE WHEN util_n > 0 THEN span * {n} * util_sum / util_n / 100.0 ELSE 0 END)"
+        )
+        if by == "slot":
+            sql = (
+                f"{inside} SELECT j.value, kind, user, {sums.format(n='1')}"
+                " FROM a, json_each(a.slots) j WHERE span > 0 GROUP BY 1, 2, 3"
+            )
+        else:
+            key = {"user": "user", "experiment": "experiment_id", "kind": "kind"}[by]
+            sql = (
+                f"{inside} SELECT {key}, kind, user, {sums.format(n='n_slots')}"
+                " FROM a WHERE span > 0 GROUP BY 1, 2, 3"
+            )
+        return self.conn.execute(sql, {"since": since, "until": until}).fetchall()
 
     def list_allocations(self, job_id: int) -> list[Allocation]:
         rows = self.conn.execute(
@@ -255,20 +269,29 @@ class UsageTable:
         return row is not None
 
     def downsample(
-        self, now: float, tiers: Sequence[tuple[float, float]], max_rows: int, budget: int = 5000
+        self,
+        now: float,
+        tiers: Sequence[tuple[float, float]],
+        max_rows: int,
+        jobs: Iterable[int] = (),
+        budget: int = 5000,
     ) -> int:
         """Merge old samples into means: for each (age, span) tier, rows older than `age`
         seconds and finer than `span` become one row per `span` seconds (the mean of each
-        number, the bucket's last time); then each job keeps at most `max_rows` rows (its
-        oldest go). At most `budget` rows are read per call (the caller comes back).
+        number, the bucket's last time); then each of `jobs` (the running ones: only they
+        grow) keeps at most `max_rows` rows (its oldest go). At most `budget` rows are read
+        per call (the caller comes back). Every read is an index seek (system_samples_by_age,
+        _by_job), never a scan of the table.
         Returns how many rows were merged or dropped."""
         done = 0
         for age, span in tiers:
+            # a bucket the cutoff cuts through is merged in two parts (two means of one span):
+            # bounded all the same, and the newest samples keep their full rate for `age`
             cutoff = now - age
             rows = self.conn.execute(
                 "SELECT id, job_id, run_id, trial_id, time, metrics FROM system_samples"
-                " WHERE time < ? AND span < ? ORDER BY job_id, time LIMIT ?",
-                (cutoff, span, budget),
+                " WHERE span < ? AND time < ? ORDER BY job_id, time LIMIT ?",
+                (span, cutoff, budget),
             ).fetchall()
             if not rows:
                 continue
@@ -298,11 +321,10 @@ class UsageTable:
                     merged,
                 )
             done += len(rows)
-        over = self.conn.execute(
-            "SELECT job_id, count(*) FROM system_samples GROUP BY job_id HAVING count(*) > ?",
-            (max_rows,),
-        ).fetchall()
-        for job_id, n in over:
+        for job_id in jobs:
+            n = self.count_samples(job_id)
+            if n <= max_rows:
+                continue
             with self.db.transaction():
                 self.conn.execute(
                     "DELETE FROM system_samples WHERE id IN (SELECT id FROM system_samples"

@@ -7,8 +7,9 @@ previous reading of each job and turns two into rates: ``cpu_util_pct`` (100 = o
 * cgroup v2 (``cpu.stat``'s ``usage_usec``; ``memory.stat``'s ``anon``; ``io.stat``): every
   process the job ever started counts, those that have exited too (their CPU time stays in
   the cgroup). Files a hybrid hierarchy lacks (memory, io on v1) fall back to the tree.
-* the process tree (psutil): the job's leader and its descendants now; a child that exited
-  takes its counters with it (rates are clamped at 0, never negative).
+* the process tree (/proc: the kernel's children lists, then each process's stat, statm and
+  io): the job's leader and its descendants now, with the CPU time of children they reaped; a
+  child whose reaper is outside the tree takes its counters with it (rates are clamped at 0).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 _MB = 1024.0 * 1024.0
 
@@ -68,20 +68,64 @@ def _cgroup_io(path: Path) -> tuple[float, float] | None:
     return r, w
 
 
-def _tree(pid: int) -> list[Any]:
-    import psutil
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+
+def tree_pids(pid: int) -> list[int]:
+    """The process and its descendants, from the kernel's children lists
+    (/proc/PID/task/TID/children: no scan of every process on the machine, which a psutil walk
+    does once per job)."""
+    out: list[int] = []
+    stack = [pid]
+    seen: set[int] = set()
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        out.append(p)
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def _proc_counters(pid: int) -> tuple[float, float, float | None, float | None] | None:
+    """(CPU seconds with its reaped children's, RSS MiB, bytes read, bytes written) of one
+    process from /proc (None: it is gone)."""
     try:
-        leader = psutil.Process(pid)
-        return [leader, *leader.children(recursive=True)]
-    except (psutil.Error, OSError):
-        return []
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            rss_pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    # utime stime cutime cstime: a descendant reaped inside the tree is counted once, in its
+    # reaper's c-times, so the tree's CPU time does not drop when a child exits
+    cpu = sum(int(x) for x in fields[11:15]) / _TICK
+    rd = wr = None
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"read_bytes:"):
+                    rd = float(line.split()[1])
+                elif line.startswith(b"write_bytes:"):
+                    wr = float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return cpu, rss_pages * _PAGE / _MB, rd, wr
 
 
 def read_counters(pid: int | None, cgroup: Path | None) -> Counters:
     """One job's cumulative counters now (None: not readable)."""
-    import psutil
-
     now = time.monotonic()
     cpu = rss = rd = wr = None
     if cgroup is not None and cgroup.is_dir():
@@ -90,30 +134,26 @@ def read_counters(pid: int | None, cgroup: Path | None) -> Counters:
         io = _cgroup_io(cgroup)
         if io is not None:
             rd, wr = io
-    procs = _tree(pid) if pid and pid > 0 else []
-    if procs and (cpu is None or rss is None or rd is None):
+    pids = tree_pids(pid) if pid and pid > 0 else []
+    if pids and (cpu is None or rss is None or rd is None):
         t_cpu = t_rss = t_rd = t_wr = 0.0
         io_ok = True
-        for p in procs:
-            try:
-                with p.oneshot():
-                    ct = p.cpu_times()
-                    t_cpu += ct.user + ct.system
-                    t_rss += p.memory_info().rss / _MB
-                    if io_ok:
-                        try:
-                            ioc = p.io_counters()
-                            t_rd += ioc.read_bytes
-                            t_wr += ioc.write_bytes
-                        except (psutil.AccessDenied, AttributeError, NotImplementedError):
-                            io_ok = False
-            except (psutil.Error, OSError):
+        for p in pids:
+            c = _proc_counters(p)
+            if c is None:
                 continue
+            t_cpu += c[0]
+            t_rss += c[1]
+            if c[2] is None or c[3] is None:
+                io_ok = False
+            else:
+                t_rd += c[2]
+                t_wr += c[3]
         cpu = t_cpu if cpu is None else cpu
         rss = t_rss if rss is None else rss
         if rd is None and io_ok:
             rd, wr = t_rd, t_wr
-    return Counters(now, cpu, rss, rd, wr, tuple(p.pid for p in procs))
+    return Counters(now, cpu, rss, rd, wr, tuple(pids))
 
 
 class TreeMeter:

@@ -64,4 +64,4 @@ def idle_notes(store: Store, job_ids: list[int] | None = None) -> dict[int, str]
 def usage(
     store: Store, *, since: float, by: str = "user", until: float | None = None
 ) -> dict[str, Any]:
-    return report(store.usage.allocations(since), since=since, until=until, by=by)
+    return report(store.usage, since=since, until=until, by=by)

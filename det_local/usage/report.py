@@ -17,11 +17,13 @@ The JSON (``usage --json``) is :func:`report`'s value: ``since``, ``until`` (Uni
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
+
+if TYPE_CHECKING:
+    from det_local.store.usage import UsageTable
 
 BY = ("user", "experiment", "slot", "kind")
 KEYS = (
@@ -49,14 +51,14 @@ class _Acc:
         self.users: set[str] = set()
         self.kinds: dict[str, float] = {}
 
-    def add(self, user: str, kind: str, secs: float, util: float | None) -> None:
-        self.allocations += 1
-        self.seconds += secs
-        self.users.add(user)
-        self.kinds[kind] = self.kinds.get(kind, 0.0) + secs
-        if util is not None:
-            self.sampled += secs
-            self.used += secs * util / 100.0
+    def add(self, row: tuple[Any, ...]) -> None:
+        _, kind, user, count, secs, sampled, used = row
+        self.allocations += int(count)
+        self.seconds += float(secs or 0)
+        self.sampled += float(sampled or 0)
+        self.used += float(used or 0)
+        self.users.add(str(user))
+        self.kinds[str(kind)] = self.kinds.get(str(kind), 0.0) + float(secs or 0)
 
     def row(self, key: Any) -> dict[str, Any]:
         return {
@@ -74,32 +76,28 @@ class _Acc:
 
 
 def report(
-    rows: Any, *, since: float, until: float | None = None, by: str = "user"
+    table: UsageTable, *, since: float, until: float | None = None, by: str = "user"
 ) -> dict[str, Any]:
-    """The report over allocation rows (`UsageTable.allocations`)."""
+    """The report over the store's allocation records (summed in SQL: `UsageTable.aggregate`;
+    10^5 allocations take well under a second)."""
     if by not in BY:
         raise DetLocalError(f"--by {by!r}: expected one of {', '.join(BY)}")
     end_of = time.time() if until is None else until
     groups: dict[Any, _Acc] = {}
+    for row in table.aggregate(since, end_of, by):
+        groups.setdefault(row[0], _Acc()).add(row)
     total = _Acc()
-    for user, kind, exp_id, slots, start, end, util_sum, util_n, _job in rows:
-        lo = max(float(start), since)
-        hi = min(end_of if end is None else float(end), end_of)
-        if hi <= lo:
-            continue
-        util = util_sum / util_n if util_n else None
-        span = hi - lo
-        if by == "slot":
-            ids = json.loads(slots)
-            for s in ids:
-                groups.setdefault(s, _Acc()).add(user, kind, span, util)
-            total.add(user, kind, span * len(ids), util)
-            continue
-        n = slots.count(",") + 1 if slots != "[]" else 0
-        secs = span * n
-        key = user if by == "user" else exp_id if by == "experiment" else kind
-        groups.setdefault(key, _Acc()).add(user, kind, secs, util)
-        total.add(user, kind, secs, util)
+    for row in table.aggregate(since, end_of, "kind") if by == "slot" else ():
+        total.add(row)
+    if by != "slot":
+        for acc in groups.values():
+            total.allocations += acc.allocations
+            total.seconds += acc.seconds
+            total.sampled += acc.sampled
+            total.used += acc.used
+            total.users |= acc.users
+            for k, v in acc.kinds.items():
+                total.kinds[k] = total.kinds.get(k, 0.0) + v
     out = [acc.row(key) for key, acc in groups.items()]
     out.sort(key=lambda r: (-r["slot_seconds"], str(r["key"])))
     return {"since": since, "until": end_of, "by": by, "rows": out, "total": total.row("total")}

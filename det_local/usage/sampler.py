@@ -56,6 +56,7 @@ class Sampler:
         self.next_due: dict[tuple[int, int], float] = {}
         self.idle_since: dict[int, float] = {}
         self.flagged: set[int] = set()
+        self.profiled: dict[int | None, bool] = {}
         self.task: asyncio.Task[None] | None = None
         self.last_downsample = 0.0
         self.cpu_s = 0.0  # CPU time the sampler's reads took (the bench reads it)
@@ -83,9 +84,16 @@ class Sampler:
 
     # ------------------------------------------------------------------ the loop
     def _interval(self, job: Any) -> float:
-        if job.kind == "TRIAL" and self.view.profiling(job):
+        if job.kind == "TRIAL" and self._profiling(job):
             return min(self.settings.profiling_interval, self.settings.interval)
         return self.settings.interval
+
+    def _profiling(self, job: Any) -> bool:
+        """The trial's config asks for profiling (read once per experiment)."""
+        exp = job.experiment_id
+        if exp not in self.profiled:
+            self.profiled[exp] = bool(self.view.profiling(job))
+        return self.profiled[exp]
 
     async def _run(self) -> None:
         while True:
