@@ -212,18 +212,24 @@ def test_system_metrics_off(dl: Env) -> None:
     )
 
 
-def test_trial_metrics_group_system(dl: Env) -> None:
-    dl.daemon_start({"system_metrics": {"interval": 0.2}}, DET_LOCAL_FAKE_GPUS="1")
-    cfg, ctx = dl.trainer({"batches": 400, "delay": 0.05})
+def test_trial_metrics_group_system_at_the_profiling_rate(dl: Env) -> None:
+    # every 5 s for other jobs; a trial whose config says profiling: {enabled: true} at 0.2 s
+    settings = {"system_metrics": {"interval": 5, "profiling_interval": 0.2}}
+    dl.daemon_start(settings, DET_LOCAL_FAKE_GPUS="1")
+    cfg, ctx = dl.trainer({"batches": 400, "delay": 0.05}, {"profiling": {"enabled": True}})
     r = dl.det("run", "--detach", cfg, ctx)
     assert (r.rc, r.out.strip()) == (0, "Created experiment 1"), r
     exp = 1
     trial = wait_for(lambda: dl.trials(exp), what="the trial")[0].id
     store = dl.store()
     try:
-        wait_for(lambda: store.usage.has_samples(trial), timeout=60, what="trial samples")
+        wait_for(
+            lambda: len(store.usage.samples(trial_id=trial)) >= 6, timeout=25, what="6 samples"
+        )
+        times = [t for _, t, _, _ in store.usage.samples(trial_id=trial)]
     finally:
         store.close()
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) < 2.5, times
     r = dl.det("trial", "metrics", trial, "--group", "system", "--csv")
     assert r.rc == 0, r
     head = r.out.splitlines()[0].split(",")

@@ -43,6 +43,9 @@ CREATE TABLE IF NOT EXISTS allocations (
 );
 CREATE INDEX IF NOT EXISTS allocations_by_end ON allocations(ended_at);
 CREATE INDEX IF NOT EXISTS allocations_open ON allocations(job_id) WHERE ended_at IS NULL;
+-- what a usage report reads, in its GROUP BY order: one scan of this index, no sort
+CREATE INDEX IF NOT EXISTS allocations_usage ON allocations(user, kind, experiment_id,
+    n_slots, started_at, ended_at, util_sum, util_n);
 CREATE TABLE IF NOT EXISTS system_samples (
     id INTEGER PRIMARY KEY,
     job_id INTEGER NOT NULL,
@@ -190,32 +193,46 @@ class UsageTable:
         return int(cur.lastrowid or 0)
 
     def aggregate(self, since: float, until: float, by: str) -> list[tuple[Any, ...]]:
-        """The allocations' part inside since..until, summed in SQL per (key, kind, user):
+        """The allocations' part inside since..until, summed per (key, kind, user):
         (key, kind, user, allocations, slot_seconds, sampled_slot_seconds, used_slot_seconds).
-        `by`: user | experiment | kind | slot (one row per slot an allocation held)."""
-        inside = (
-            "WITH a AS (SELECT user, kind, experiment_id, slots, n_slots, util_sum, util_n,"
-            " MIN(COALESCE(ended_at, :until), :until) - MAX(started_at, :since) AS span"
-            " FROM allocations WHERE (ended_at IS NULL OR ended_at > :since)"
-            " AND started_at < :until)"
+        `by`: user | experiment | kind | slot (one row per slot an allocation held).
+
+        Summed in SQL (handing 10^5 rows to Python costs ten times the sums) in one scan of
+        the covering index allocations_usage, in its order (``+ended_at``: not through
+        allocations_by_end, whose OR with IS NULL would look up every row it finds). Per
+        slot: summed per set of slots, then spread over them here (few distinct sets)."""
+        span = "(MIN(COALESCE(ended_at, :until), :until) - MAX(started_at, :since))"
+        # grouped in the order of the allocations_usage index (no sort), keyed as asked
+        key, group = {
+            "user": ("user", "user, kind"),
+            "kind": ("kind", "user, kind"),
+            "experiment": ("experiment_id", "user, kind, experiment_id"),
+            "slot": ("slots", "user, kind, slots"),
+        }[by]
+        sql = (
+            f"SELECT {key}, kind, user, count(*), sum({span} * n_slots),"
+            f" sum(CASE WHEN util_n > 0 THEN {span} * n_slots ELSE 0 END),"
+            f" sum(CASE WHEN util_n > 0 THEN {span} * n_slots * util_sum / util_n / 100.0"
+            " ELSE 0 END), n_slots"
+            " FROM allocations WHERE (+ended_at IS NULL OR +ended_at > :since)"
+            f" AND +started_at < :until GROUP BY {group}"
         )
-        sums = (
-            "count(*), sum(span * {n}),"
-            " sum(CASE WHEN util_n > 0 THEN span * {n} ELSE 0 END),"
-            " sum(CASE WHEN util_n > 0 THEN span * {n} * util_sum / util_n / 100.0 ELSE 0 END)"
-        )
-        if by == "slot":
-            sql = (
-                f"{inside} SELECT j.value, kind, user, {sums.format(n='1')}"
-                " FROM a, json_each(a.slots) j WHERE span > 0 GROUP BY 1, 2, 3"
-            )
-        else:
-            key = {"user": "user", "experiment": "experiment_id", "kind": "kind"}[by]
-            sql = (
-                f"{inside} SELECT {key}, kind, user, {sums.format(n='n_slots')}"
-                " FROM a WHERE span > 0 GROUP BY 1, 2, 3"
-            )
-        return self.conn.execute(sql, {"since": since, "until": until}).fetchall()
+        rows = self.conn.execute(sql, {"since": since, "until": until}).fetchall()
+        if by != "slot":
+            return [tuple(r[:7]) for r in rows]
+        spread: dict[tuple[Any, str, str], list[float]] = {}
+        for key, kind, user, count, secs, sampled, used, _ in rows:
+            slots = json.loads(key)
+            if not slots:
+                continue
+            share = 1.0 / len(slots)  # each slot held for the same time
+            for slot in slots:
+                a = spread.setdefault((int(slot), kind, user), [0, 0.0, 0.0, 0.0])
+                a[0] += count
+                a[1] += secs * share
+                a[2] += sampled * share
+                a[3] += used * share
+        return [(k[0], k[1], k[2], *v) for k, v in spread.items()]
 
     def list_allocations(self, job_id: int) -> list[Allocation]:
         rows = self.conn.execute(
