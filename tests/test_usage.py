@@ -188,3 +188,50 @@ def test_usage_bad_input(dl: Env) -> None:
     )
     r = dl.det("usage", "--by", "team")
     assert r.err.strip() == "error: --by 'team': expected one of user, experiment, slot, kind"
+
+
+def test_daemon_yaml_settings_and_their_errors(tmp_path: Path) -> None:
+    import pytest
+
+    from det_local.errors import ConfigError
+    from det_local.usage.settings import load_usage_settings, parse_task_config
+
+    path = tmp_path / "daemon.yaml"
+    assert load_usage_settings(path).interval == 5.0  # no file: defaults
+    path.write_text(
+        "system_metrics: {interval: 2s, keep_full: 1h}\nidle_threshold: 10\nidle_policy: stop\n"
+    )
+    s = load_usage_settings(path)
+    assert (s.interval, s.keep_full, s.idle_threshold) == (2.0, 3600.0, 10.0)
+    assert s.policy("COMMAND") == "stop" and s.policy("NOTEBOOK") == "stop"
+    path.write_text("system_metrics: false\n")
+    assert load_usage_settings(path).enabled is False
+    bad = {
+        "system_metrics: {intervall: 5}": f"unknown field 'system_metrics.intervall' in {path}; "
+        "did you mean 'interval'?",
+        "idle_policy: {notebook: kill}": f"idle_policy.notebook in {path}: expected notify or "
+        "stop, found 'kill'",
+        "idle_policy: {trial: stop}": f"idle_policy.trial in {path}: not a kind that idles; the "
+        "kinds are command, notebook, shell, tensorboard (trials are only ever flagged)",
+        "idle_threshold: 120": f"idle_threshold in {path}: expected a GPU utilisation in percent "
+        "(0 to 100), found 120",
+    }
+    for text, message in bad.items():
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError) as err:
+            load_usage_settings(path)
+        assert str(err.value) == message
+    with pytest.raises(ConfigError) as err:
+        parse_task_config(["idle_timout=30m"])
+    assert str(err.value) == "--config: unknown key 'idle_timout'; did you mean 'idle_timeout'?"
+    assert parse_task_config(["idle_timeout=1.5h"]) == {"idle_timeout": 5400.0}
+
+
+def test_a_bad_daemon_yaml_stops_the_daemon_with_one_line(dl: Env) -> None:
+    dl.settings({"idle_policy": {"shell": "sometimes"}})
+    r = dl.det("daemon")
+    assert r.rc == 1
+    assert r.err.strip() == (
+        f"error: idle_policy.shell in {dl.paths.settings}: expected notify or stop, "
+        "found 'sometimes'"
+    )
