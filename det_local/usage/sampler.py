@@ -61,6 +61,7 @@ class Sampler:
         self.last_downsample = 0.0
         self.cpu_s = 0.0  # CPU time the sampler's reads took (the bench reads it)
         self.ticks = 0
+        self.last_error = ""
 
     async def start(self) -> None:
         for line in self.settings.warnings:
@@ -102,7 +103,10 @@ class Sampler:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a bad reading must not end sampling
-                self.view.log(f"system metrics: a sample failed: {err!r}")
+                line = f"system metrics: a sample failed: {err!r}"
+                if line != self.last_error:  # said once, not every tick
+                    self.view.log(line)
+                    self.last_error = line
                 wait = self.settings.interval
             await asyncio.sleep(wait)
 
