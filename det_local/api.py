@@ -248,9 +248,13 @@ def trial_metrics(trial_id: int, group: str | None = None) -> list[Any]:
 
     store = open_store()
     store.get_trial(trial_id)  # a clear error for an unknown id
+    if group == "system" and store.usage.has_samples(trial_id):  # the daemon's samples
+        return system_metrics(trial_id)
     reports = store.list_metrics(trial_id, group)
     if group is not None and not reports:
         groups = store.metric_groups(trial_id)
+        if store.usage.has_samples(trial_id):
+            groups = sorted([*groups, "system"])
         if not groups:
             raise NotFoundError(f"trial {trial_id} has reported no metrics yet")
         close = difflib.get_close_matches(group, groups, n=1)
@@ -703,3 +707,32 @@ def peers_json() -> list[dict[str, Any]]:
     daemon does not federate)."""
     rows: list[dict[str, Any]] = cluster_view()["peers"]
     return rows
+
+
+# ---------------------------------------------------------------------- usage (issue 30)
+def system_metrics(trial_id: int | None = None, job_id: int | None = None) -> list[Any]:
+    """A trial's (or a command's, notebook's, shell's: job_id) system metrics as MetricRecords
+    of group "system", oldest first (`det_local/usage/readers.py`)."""
+    from det_local.usage.readers import command_metrics
+    from det_local.usage.readers import system_metrics as read
+
+    store = open_store()
+    if job_id is not None:
+        return command_metrics(store, job_id)
+    assert trial_id is not None
+    store.get_trial(trial_id)
+    return read(store, trial_id=trial_id)
+
+
+def usage(since: float, by: str = "user", until: float | None = None) -> dict[str, Any]:
+    """`det-local usage --json`: slot-hours allocated and used (`det_local/usage/report.py`)."""
+    from det_local.usage.readers import usage as read
+
+    return read(open_store(), since=since, by=by, until=until)
+
+
+def idle_notes(job_ids: list[int] | None = None) -> dict[int, str]:
+    """Jobs flagged for holding idle slots: job id -> one line for their owner."""
+    from det_local.usage.readers import idle_notes as read
+
+    return read(open_store(), job_ids)

@@ -461,6 +461,13 @@ JSON_KEYS = [
     "foreign",
     "allocation",
     "used_by",
+    # the holding job (issue 30): who, since when, idle for how long, flagged
+    "job_id",
+    "job_kind",
+    "held_since",
+    "held_for_s",
+    "idle_for_s",
+    "idle_flagged",
 ]
 
 

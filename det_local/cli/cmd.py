@@ -28,6 +28,13 @@ def run(
         help="It may run on an idle machine of the cluster when this one is full (its "
         "working directory must be there too; it gets a clean environment there).",
     ),
+    config: list[str] = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Determined's task config: idle_timeout=30m (idle slots past it are flagged, "
+        "or ended per daemon.yaml's idle_policy).",
+    ),
 ) -> None:
     """Queue a command: `det-local cmd run --slots 1 -- python3 eval.py --fast`.
 
@@ -38,11 +45,14 @@ def run(
 
     from det_local import api
     from det_local.sched.userfiles import current_umask
+    from det_local.usage.settings import parse_task_config
 
+    task_config = parse_task_config(config)
     argv = list(ctx.args)
     if argv and argv[0] == "--":
         argv = argv[1:]
     payload = {
+        **task_config,
         "argv": argv,
         "cwd": os.getcwd(),
         "env": dict(os.environ),
@@ -104,6 +114,16 @@ def list_commands(
     ]
     headers = ["ID", "State", "Exit", "Slots", "User", "Started", "Ended", "Command"]
     print(table(headers, rows, flex=("User", "Command"), optional=("Ended", "Started")))
+    # idle reservations (issue 30): the listed jobs', and those stopped in the last day
+    import time
+
+    recent = [
+        j.id
+        for j in api.open_store().jobs.list(include_done=True)
+        if j.kind != "TRIAL" and (j.ended_at is None or j.ended_at > time.time() - 86400)
+    ]
+    for line in api.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
+        print(line)
 
 
 @app.command("logs")
@@ -129,3 +149,28 @@ def kill(job_id: int = typer.Argument(..., metavar="JOB_ID", help="The command's
     from det_local import api
 
     print(api.control_job("cmd_kill", {"job_id": job_id}))
+
+
+@app.command("metrics")
+def metrics(
+    job_id: int = typer.Argument(..., metavar="JOB_ID", help="The command's job id."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV."),
+) -> None:
+    """A command's (notebook's, shell's) system metrics as the daemon sampled them: GPU
+    utilisation and memory per slot, CPU, memory and disk I/O of its processes."""
+    from det_local import api
+    from det_local.cli.history import metrics_table, write_csv
+    from det_local.errors import DetLocalError
+
+    if as_json and as_csv:
+        raise DetLocalError("--json and --csv: choose one")
+    reports = api.system_metrics(job_id=job_id)
+    if as_json:
+        from det_local.cli.common import print_json
+
+        print_json([r.to_json() for r in reports])
+    elif as_csv:
+        write_csv(reports)
+    else:
+        print(metrics_table(reports, with_group=False))

@@ -20,11 +20,14 @@ def daemon(ctx: typer.Context) -> None:
     from det_local.federate.service import extension as federation
     from det_local.sched.daemon import run_foreground
     from det_local.sched.extensions import ExtensionFactory
+    from det_local.usage.sampler import extension as system_metrics
+    from det_local.usage.settings import load_usage_settings
     from det_local.web.supervisor import extension as dashboard
     from det_local.web.supervisor import load_dashboard_settings
 
     paths = api.paths()
-    extensions: list[ExtensionFactory] = [federation]
+    usage = load_usage_settings(paths.settings)  # a bad field: one line, no daemon
+    extensions: list[ExtensionFactory] = [federation, system_metrics(usage)]
     board = load_dashboard_settings(paths.settings)  # a bad section: one line, no daemon
     if board.enabled:
         extensions.append(dashboard(board))

@@ -14,6 +14,7 @@ from det_local.cli.group import DetGroup
 from det_local.cli.run import run_command
 from det_local.cli.slots import slots_command
 from det_local.cli.tasks import notebook_app, shell_app, tensorboard_app
+from det_local.cli.usage import usage_command
 
 app = typer.Typer(
     name="det-local",
@@ -59,6 +60,7 @@ app.add_typer(cmd.app, name="cmd", cls=DetGroup)
 app.add_typer(daemon.app, name="daemon", cls=DetGroup)
 app.add_typer(cluster.app, name="cluster", cls=DetGroup)
 app.command("slots")(slots_command)
+app.command("usage")(usage_command)
 app.add_typer(shell_app, name="shell", cls=DetGroup)
 app.add_typer(notebook_app, name="notebook", cls=DetGroup)
 app.add_typer(tensorboard_app, name="tensorboard", cls=DetGroup)

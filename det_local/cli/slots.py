@@ -43,10 +43,14 @@ def slots_command(
 def slots_table(rows: list[dict[str, Any]]) -> str:
     from det_local.cli.common import table
 
+    # the holding job's time and idleness (issue 30), when any slot is held
+    held = any(r.get("job_id") is not None for r in rows)
     headers = ["Slot", "Kind", "Name", "UUID", "Memory", "Util", "Used by"]
+    headers += ["For", "Idle"] if held else []
     return table(
         headers,
         flex=("Name", "Used by"),
+        optional=("For",),
         rows=[
             [
                 r["index"],
@@ -56,10 +60,29 @@ def slots_table(rows: list[dict[str, Any]]) -> str:
                 fmt_memory(r["memory_used_mb"], r["memory_total_mb"]),
                 "-" if r["utilization_pct"] is None else f"{r['utilization_pct']}%",
                 r["used_by"],
+                *([fmt_age(r.get("held_for_s")), fmt_idle(r)] if held else []),
             ]
             for r in rows
         ],
     )
+
+
+def fmt_age(secs: float | None) -> str:
+    if secs is None:
+        return ""
+    if secs < 120:
+        return f"{secs:.0f}s"
+    if secs < 7200:
+        return f"{secs / 60:.0f}m"
+    return f"{secs / 3600:.1f}h"
+
+
+def fmt_idle(r: dict[str, Any]) -> str:
+    """How long the holding job's slots have been idle; IDLE once it was flagged."""
+    secs = r.get("idle_for_s")
+    if secs is None:
+        return ""
+    return f"IDLE {fmt_age(secs)}" if r.get("idle_flagged") else fmt_age(secs)
 
 
 def short_uuid(uuid: str | None) -> str:

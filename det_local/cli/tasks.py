@@ -16,23 +16,41 @@ tensorboard_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=
 def shell_start(
     slots: int = typer.Option(1, "--slots", help="Slots the shell holds until it exits."),
     priority: int = typer.Option(DEFAULT_PRIORITY, "--priority", "-p", help=PRIORITY_HELP),
+    config: list[str] = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Determined's task config: idle_timeout=30m (idle slots past it are flagged, "
+        "or ended per daemon.yaml's idle_policy).",
+    ),
 ) -> None:
     """An interactive shell that holds slots (CUDA_VISIBLE_DEVICES set) until it exits."""
     from det_local import api
     from det_local.sched.tasks import shell
+    from det_local.usage.settings import parse_task_config
 
-    raise typer.Exit(shell(api.paths(), slots=slots, priority=priority))
+    extra = parse_task_config(config)
+    raise typer.Exit(shell(api.paths(), slots=slots, priority=priority, extra=extra))
 
 
 @notebook_app.command("start")
 def notebook_start(
     slots: int = typer.Option(1, "--slots", help="Slots the notebook server holds."),
+    config: list[str] = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Determined's task config: idle_timeout=30m (idle slots past it are flagged, "
+        "or ended per daemon.yaml's idle_policy).",
+    ),
 ) -> None:
     """A JupyterLab server on localhost as a queued job; prints its URL."""
     from det_local import api
     from det_local.sched.tasks import notebook
+    from det_local.usage.settings import parse_task_config
 
-    job_id, url = notebook(api.paths(), slots=slots)
+    extra = parse_task_config(config)
+    job_id, url = notebook(api.paths(), slots=slots, extra=extra)
     print(f"notebook (job {job_id}): {url}\nstop it with: det-local cmd kill {job_id}")
 
 

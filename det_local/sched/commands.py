@@ -51,6 +51,8 @@ class Commands:
         self.schedule = schedule
         self.slots_remedy = slots_remedy
         self.killing: set[int] = set()  # commands stopped on request
+        # why a command being stopped is stopped, when not on request (an idle reservation)
+        self.kill_reasons: dict[int, str] = {}
 
     def submit(
         self,
@@ -186,9 +188,10 @@ class Commands:
     def on_exit(self, job: JobRecord, code: int, problem: str | None = None) -> None:
         killed = job.id in self.killing
         self.killing.discard(job.id)
+        reason = self.kill_reasons.pop(job.id, None)
         status: int | None = code
         if killed:
-            message = "killed on request"
+            message = reason or "killed on request"
         elif problem is not None:
             message, status = f"command {job.id} ended; its exit status is unknown: {problem}", None
         else:

@@ -109,6 +109,49 @@ class EngineView:
         rows = describe(self._engine.inventory, slot_holders(self._engine.store.jobs.active()))
         return [{k: v for k, v in row.items() if k != "foreign"} for row in rows]
 
+    # ------------------------------------------------------------------ system metrics
+    # (the seam `det_local/usage/sampler.py` samples running jobs and reclaims idle ones
+    # through: it reads the hardware off the loop and writes only through these)
+    @property
+    def inventory(self) -> Any:
+        return self._engine.inventory
+
+    def cgroup_dir(self, job: JobRecord) -> str | None:
+        """The tracking cgroup of the job's current run, where it has one."""
+        cg = self._engine.containment.job(job.id, job.run_id)
+        return None if cg is None else str(cg.path)
+
+    def profiling(self, job: JobRecord) -> bool:
+        """The job is a trial whose experiment config says profiling: {enabled: true}."""
+        if job.experiment_id is None:
+            return False
+        config = self._engine.store.get_experiment(job.experiment_id).config
+        return bool(((config or {}).get("profiling") or {}).get("enabled"))
+
+    def record_system(
+        self,
+        samples: list[tuple[int, int, int | None, float, dict[str, float]]],
+        utilisation: list[tuple[int, float]],
+    ) -> None:
+        """One sampler tick's rows and each job's utilisation, in one transaction."""
+        usage = self._engine.store.usage
+        with self._engine.store.transaction():
+            usage.add_samples(samples)
+            usage.add_utilisation(utilisation)
+
+    @property
+    def usage(self) -> Any:
+        """The store's usage table (allocations, samples, idle states): the sampler's own."""
+        return self._engine.store.usage
+
+    def stop_idle(self, job: JobRecord, why: str) -> str:
+        """End an idle command, notebook or shell (never a trial): as `cmd kill`, with `why`
+        as its end message."""
+        if job.kind == "TRIAL":
+            raise ValueError("trials are never stopped for idling")
+        self._engine.commands.kill_reasons[job.id] = why
+        return self._engine.kill_job(job.id)
+
     # ------------------------------------------------------------------ gangs across machines
     # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`)
     @property

@@ -227,7 +227,12 @@ def cmd_run(c: Controls, req: Request) -> int:
     p = req.payload
     argv = [str(a) for a in p["argv"]]
     env = {str(k): str(v) for k, v in (p.get("env") or {}).items()}
-    return c.submit_command(
+    idle = p.get("idle_timeout")
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 < idle < 1e9
+    ):
+        raise DetLocalError(f"idle_timeout: {idle!r} is not a number of seconds > 0")
+    job_id = c.submit_command(
         argv=argv,
         cwd=str(p["cwd"]),
         env=env,
@@ -240,6 +245,9 @@ def cmd_run(c: Controls, req: Request) -> int:
         umask=umask_of(c, req),
         anywhere=p.get("anywhere") is True,
     )
+    if idle is not None:  # in the request's transaction (issue 30: idle reservations)
+        c.store.usage.set_idle_timeout(job_id, float(idle))
+    return job_id
 
 
 def cmd_kill(c: Controls, req: Request) -> str:
@@ -251,7 +259,8 @@ def slots(c: Controls, req: Request) -> dict[str, Any]:
     """The engine's slots and who holds them (`det-local slots`; anyone may ask)."""
     from det_local.sched.slotview import engine_answer
 
-    return engine_answer(c.inventory, c.store.jobs.active())
+    jobs = c.store.jobs.active()
+    return engine_answer(c.inventory, jobs, c.store.usage.idle_states([j.id for j in jobs]))
 
 
 def daemon_stop(c: Controls, req: Request) -> str:

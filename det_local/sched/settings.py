@@ -58,7 +58,18 @@ class DaemonSettings:
 
 # federation and dashboard: read and checked by det_local.federate and det_local.web (sched
 # imports neither)
-_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation", "dashboard"}
+_TOP = {
+    "scheduler",
+    "slots",
+    "admin_group",
+    "cgroups",
+    "federation",
+    "dashboard",
+    # read and checked by det_local.usage.settings
+    "system_metrics",
+    "idle_policy",
+    "idle_threshold",
+}
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 

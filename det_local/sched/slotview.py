@@ -13,7 +13,7 @@ with the holders of the jobs the store records as running.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from det_local.sched import slots as hardware
@@ -29,21 +29,39 @@ class SlotView:
     inventory: hardware.Inventory  # foreign processes filled in
     holders: dict[int, str]  # slot index -> "experiment E trial T (user)" / "command J (user)"
     origin: str  # FROM_ENGINE (the running engine's inventory) or FROM_DISCOVERY (this process)
+    # slot index -> the job holding it: job_id, job_kind, held_since, held_for_s, idle_for_s,
+    # idle_flagged (`det_local/usage/gpus.slot_jobs`)
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def rows(self) -> list[dict[str, Any]]:
-        """`slots.describe`'s rows (table and --json)."""
-        return hardware.describe(self.inventory, self.holders)
+        """`slots.describe`'s rows (table and --json), with the holding job's keys."""
+        empty = dict.fromkeys(
+            ("job_id", "job_kind", "held_since", "held_for_s", "idle_for_s"), None
+        )
+        return [
+            {**row, **empty, "idle_flagged": False, **self.jobs.get(row["index"], {})}
+            for row in hardware.describe(self.inventory, self.holders)
+        ]
 
 
-def engine_answer(inventory: hardware.Inventory, jobs: Sequence[Any]) -> dict[str, Any]:
+def engine_answer(
+    inventory: hardware.Inventory, jobs: Sequence[Any], idle: Any = None
+) -> dict[str, Any]:
     """The engine's answer to a `slots` request: its inventory (foreign processes, memory in
-    use and utilisation looked up now) and who holds each slot, as plain values."""
-    inv = hardware.read_usage(hardware.detect_foreign(inventory, _our_pids(jobs)))
+    use and utilisation looked up now), who holds each slot, since when and whether idle
+    (`idle`: the store's idle states), as plain values."""
+    import time
+
+    from det_local.usage.gpus import slot_jobs, with_fake_usage
+
+    inv = with_fake_usage(hardware.read_usage(hardware.detect_foreign(inventory, _our_pids(jobs))))
+    held = slot_jobs(jobs, idle or {}, time.time())
     return {
         "source": inv.source,
         "note": inv.note,
         "slots": [asdict(s) for s in inv.slots],
         "holders": [[i, who] for i, who in sorted(hardware.slot_holders(jobs).items())],
+        "jobs": [[i, info] for i, info in sorted(held.items())],
     }
 
 
@@ -60,7 +78,8 @@ def from_answer(answer: dict[str, Any]) -> SlotView:
     )
     inv = hardware.Inventory(slots, str(answer["source"]), str(answer.get("note") or ""))
     holders = {int(i): str(who) for i, who in answer.get("holders") or []}
-    return SlotView(inv, holders, FROM_ENGINE)
+    jobs = {int(i): dict(info) for i, info in answer.get("jobs") or []}
+    return SlotView(inv, holders, FROM_ENGINE, jobs)
 
 
 def current(paths: Paths) -> SlotView:
@@ -83,13 +102,21 @@ def discovered(paths: Paths) -> SlotView:
     from det_local.store.db import Store
 
     inv = hardware.discover(cpu_slots=load_settings(paths.settings).cpu_slots)
+    import time
+
+    from det_local.usage.gpus import slot_jobs, with_fake_usage
+
     store = Store(paths.db, readonly=True)
     try:
         jobs = store.jobs.active()
+        idle = store.usage.idle_states([j.id for j in jobs])
     finally:
         store.close()
     return SlotView(
-        hardware.detect_foreign(inv, _our_pids(jobs)), hardware.slot_holders(jobs), FROM_DISCOVERY
+        with_fake_usage(hardware.detect_foreign(inv, _our_pids(jobs))),
+        hardware.slot_holders(jobs),
+        FROM_DISCOVERY,
+        slot_jobs(jobs, idle, time.time()),
     )
 
 

@@ -72,7 +72,7 @@ def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[st
         time.sleep(WAIT_TICK_S)
 
 
-def shell(paths: Paths, *, slots: int, priority: int) -> int:
+def shell(paths: Paths, *, slots: int, priority: int, extra: dict[str, Any] | None = None) -> int:
     """Open an interactive shell holding `slots` slots; returns the shell's exit status."""
     if shutil.which("tail") is None:
         raise MissingTool("shell start needs coreutils' `tail` on PATH")
@@ -86,6 +86,7 @@ def shell(paths: Paths, *, slots: int, priority: int) -> int:
             "priority": priority,
             "name": f"shell of {user_name(os.geteuid())}",
             "kind": "SHELL",
+            **(extra or {}),
         },
     )
     try:
@@ -118,6 +119,7 @@ def _serve(
     slots: int,
     url: str,
     env: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[int, str]:
     job_id = _submit(
         paths,
@@ -130,13 +132,14 @@ def _serve(
             "priority": 42,
             "name": name,
             "kind": kind,
+            **(extra or {}),
         },
     )
     _wait_scheduled(paths, job_id, announce=True)
     return job_id, url
 
 
-def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
+def notebook(paths: Paths, *, slots: int, extra: dict[str, Any] | None = None) -> tuple[int, str]:
     """A Jupyter server on localhost as a queued job; returns (job id, URL)."""
     exe = shutil.which("jupyter")
     if exe is None:
@@ -163,6 +166,7 @@ def notebook(paths: Paths, *, slots: int) -> tuple[int, str]:
         # its token in the environment (private to its user), never in argv, which every user
         # sees (`ps`, `job list --json`, the database)
         env={"JUPYTER_TOKEN": token},
+        extra=extra,
     )
 
 

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts
+from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts, usage
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
@@ -24,6 +24,7 @@ from det_local.store.metrics import EventTable, MetricTable
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
 from det_local.store.trialstarts import TrialStartTable
+from det_local.store.usage import UsageTable
 
 __all__ = ["GC_DONE", "GC_SKIPPED", "SCHEMA", "SCHEMA_VERSION", "Store", "current_user"]
 
@@ -36,6 +37,7 @@ SCHEMA = (
     + checkpoint_table.SCHEMA
     + metrics.SCHEMA
     + trialstarts.SCHEMA
+    + usage.SCHEMA
 )
 
 
@@ -141,6 +143,9 @@ class Store:
         self.trial_starts = ts = TrialStartTable(self.db)
         self.add_trial_start = ts.add
         self.list_trial_starts = ts.select
+
+        # allocations, system samples, idle reservations (issue 30)
+        self.usage = UsageTable(self.db)
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -34,6 +34,8 @@ from typing import Any
 
 from det_local.errors import NotFoundError, StateError
 from det_local.store.states import JOB_ACTIVE, JOB_SOURCES, JobState, check_job_transition
+from det_local.store.usage import SCHEMA as USAGE_SCHEMA
+from det_local.store.usage import on_job_move
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -256,6 +258,7 @@ class JobTable:
         self._data_version: int | None = None
         if not readonly:
             conn.executescript(SCHEMA)
+            conn.executescript(USAGE_SCHEMA)
             columns = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
             if "preempt_acked" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN preempt_acked INTEGER NOT NULL DEFAULT 0")
@@ -309,6 +312,8 @@ class JobTable:
             (new.value, *args, job_id),
         )
         if changed:
+            if self._mirrored:  # the writer: the allocation records follow (store/usage.py)
+                on_job_move(self.conn, job_id, new.value)
             return
         r = self.conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
         if r is None:

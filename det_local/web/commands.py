@@ -51,9 +51,10 @@ def _state(c: dict[str, object]) -> Html:
 def commands_page(request: Request) -> Response:
     everything = query_flag(request, "all")
     now = time.time()
+    listed = api.commands_json(include_done=everything)
     rows = [
         [
-            c["id"],
+            link(f"/commands/{c['id']}", c["id"]),  # its page: system metrics (web/usage.py)
             str(c["kind"]).lower(),
             c["name"],
             c["user"],
@@ -64,7 +65,7 @@ def commands_page(request: Request) -> Response:
             duration(c["started_at"], c["ended_at"] or now) if c["started_at"] else "",
             _link(c),
         ]
-        for c in api.commands_json(include_done=everything)
+        for c in listed
     ]
     headers = ["ID", "Type", "Name", "User", "State", "Slots", "Started", "Ended", "Ran"]
     headers.append("Link")
@@ -73,7 +74,11 @@ def commands_page(request: Request) -> Response:
         if everything
         else link("/commands?all=1", "with ended ones")
     )
-    return page("Commands", join([tag("p", other), table(headers, rows, id_="commands")]))
+    # jobs flagged for holding idle slots: their owners' notice (issue 30, web/usage.py)
+    notes = api.idle_notes([int(str(c["id"])) for c in listed])
+    told = [tag("p", line, class_="error idle-note") for line in notes.values()]
+    body = join([tag("p", other), table(headers, rows, id_="commands"), *told])
+    return page("Commands", body)
 
 
 ROUTES = [

@@ -386,6 +386,8 @@ def trial_page(request: Request) -> Response:
             table(["Name", "Value"], hp_rows, id_="hparams"),
             tag("h2", "Metrics"),
             tag("div", "", id="charts", class_="charts"),
+            tag("h2", "System metrics"),  # the daemon's samples (web/usage.py, system.js)
+            tag("div", "", id="system-charts", class_="charts"),
             tag("h2", "Logs"),
             tag(
                 "div",
@@ -433,7 +435,7 @@ def trial_page(request: Request) -> Response:
             page_data({"page": "trial", "trial_id": trial_id, "state": t["state"]}),
         ]
     )
-    return page(f"Trial {trial_id}", body, scripts=["dashboard.js"], charts=True)
+    return page(f"Trial {trial_id}", body, scripts=["dashboard.js", "system.js"], charts=True)
 
 
 # ---------------------------------------------------------------------------- queue and slots
