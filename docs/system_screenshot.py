@@ -63,14 +63,25 @@ def main() -> None:
             server = subprocess.Popen(
                 [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
                 env=env,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             base = f"http://127.0.0.1:{port}"
+            # its first line: "det-local dashboard of HOME: http://127.0.0.1:PORT/?token=TOKEN"
+            assert server.stdout is not None
+            token = server.stdout.readline().strip().rpartition("?token=")[2]
+            if not token:
+                raise SystemExit("the dashboard printed no access token")
             try:
                 deadline = time.monotonic() + 30
                 while True:
                     try:
-                        urllib.request.urlopen(base + "/api/", timeout=2).read()
+                        urllib.request.urlopen(
+                            urllib.request.Request(
+                                base + "/api/", headers={"Authorization": f"Bearer {token}"}
+                            ),
+                            timeout=2,
+                        ).read()
                         break
                     except OSError:
                         if time.monotonic() > deadline:
@@ -81,7 +92,7 @@ def main() -> None:
                         executable_path="/usr/bin/chromium", args=ARGS, headless=True
                     )
                     page = browser.new_page(viewport={"width": 1240, "height": 900})
-                    page.goto(base + "/trials/1")
+                    page.goto(f"{base}/trials/1?token={token}")  # logs in: cookie, redirect
                     until(page, "window.detSystemCharts && window.detSystemCharts.size >= 4")
                     page.locator("#system-charts").screenshot(
                         path=str(ROOT / "docs" / "system-metrics.png")

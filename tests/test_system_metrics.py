@@ -157,13 +157,11 @@ def test_a_gpu_held_idle_is_flagged_then_stopped_or_left(dl: Env, policy: str) -
     assert "IDLE " in table, table
     # the dashboard tells the owner too: the commands page and the command's page
     pytest.importorskip("starlette", reason="the dashboard needs the web extra")
-    from _dashboard import asgi_get
+    from _dashboard import asgi_get, token_app
 
-    from det_local.web.app import create_app
-
-    app = create_app(token="t0k")
+    app = token_app()
     for path in ("/commands", f"/commands/{job}"):
-        status, _, body = asgi_get(app, f"{path}?token=t0k", {"host": "10.1.2.3:8080"})
+        status, _, body = asgi_get(app, path, {"host": "127.0.0.1:8080"})
         assert status == 200 and b"flagged; still holding its slots" in body, (path, body)
     # busy again: the flag goes
     _gpus(dl, {0: {"util": 90, "mem_mb": 500}})

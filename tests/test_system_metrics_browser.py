@@ -44,7 +44,7 @@ def test_system_metrics_charts_in_chromium(dl: Env) -> None:
     server = next(server_gen)
     try:
         with chromium() as browser, checked_page(browser) as page:
-            page.goto(f"{server.base}/trials/{trial}")
+            server.open(page, f"/trials/{trial}")
             until(page, "window.detSystemCharts && window.detSystemCharts.size >= 4")
             gpu: Any = until(
                 page,
@@ -65,12 +65,12 @@ def test_system_metrics_charts_in_chromium(dl: Env) -> None:
             page.locator("#system-charts").scroll_into_view_if_needed()
             page.locator("#system-charts").screenshot(path=str(ARTIFACTS / "system-metrics.png"))
 
-            page.goto(f"{server.base}/commands/{job}")
+            server.open(page, f"/commands/{job}")
             until(page, "window.detSystemCharts && window.detSystemCharts.size >= 3")
             mem = page.evaluate("window.detSystemCharts.get('GPU memory (MiB)').data")
             assert mem[0] and all(v == 0 for v in mem[1]), mem  # slot 1: nothing scripted
 
-            page.goto(f"{server.base}/usage?since=1d")
+            server.open(page, "/usage?since=1d")
             until(page, "window.detUsageCharts && window.detUsageCharts.length >= 1")
             assert page.locator("#usage tbody tr").first.inner_text().startswith("root")
             title = page.evaluate(
