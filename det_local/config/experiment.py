@@ -20,6 +20,7 @@ from det_local.config.hparams import (
     hparams_to_dict,
     parse_hyperparameters,
 )
+from det_local.config.ignored import warn_ignored
 from det_local.config.resources import ResourcesConfig, parse_resources
 from det_local.config.searcher import SearcherConfig, parse_searcher
 from det_local.config.storage import CheckpointStorageConfig, parse_checkpoint_storage
@@ -249,6 +250,7 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> ExperimentCon
         entrypoint=entrypoint, searcher=searcher, hyperparameters=hps, **parts, **values
     )
     _warn_deprecated(ctx, cfg)
+    warn_ignored(ctx, cfg)
     return dataclasses.replace(cfg, warnings=tuple(ctx.warnings))
 
 
