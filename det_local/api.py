@@ -652,6 +652,15 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
     return out
 
 
+def ended_commands() -> int:
+    """How many commands (every job but trials) have ended: what `cmd list` leaves out
+    without --all."""
+    jobs = open_store().jobs
+    return sum(1 for j in jobs.list(include_done=True) if j.kind != "TRIAL") - sum(
+        1 for j in jobs.list() if j.kind != "TRIAL"
+    )
+
+
 def cluster_view() -> dict[str, Any]:
     """The running daemon's view of its cluster: {"federation": "on"|"off", "why" (when off),
     "node", "port", "cluster", "mdns", "live_peers" (when on), "peers": peers_rows}. A one-line
