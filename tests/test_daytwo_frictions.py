@@ -38,3 +38,81 @@ def test_daemon_stop_says_stopped_once_the_process_has_exited(dl: Env) -> None:
     r = dl.det("daemon", "stop")
     assert r.rc == 0 and r.out == f"det-local daemon {pid} stopped\n", r
     assert gone(pid)  # at once: no waiting here
+
+
+CKPT3 = """\
+import determined as det
+from determined import core
+
+with core.init() as ctx:
+    for step in (1, 2, 3):
+        ctx.train.report_training_metrics(steps_completed=step, metrics={"loss": 1.0 / step})
+        with ctx.checkpoint.store_path({"steps_completed": step}) as (path, _):
+            (path / "w").write_text(str(step))
+"""
+
+
+def test_run_summary_says_checkpoint_gc_removed_the_older_ones(dl: Env) -> None:
+    dl.setenv(**CPU1)
+    cfg, ctx = dl.context(CKPT3)
+    r = dl.det("run", cfg, ctx)
+    assert r.rc == 0, r
+    lines = r.out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("    checkpoints: 1, latest "))
+    assert lines[i + 1] == (
+        "    2 older checkpoints removed by checkpoint GC (checkpoint_storage: "
+        "save_trial_latest 1, save_trial_best 0, save_experiment_best 0)"
+    ), r.out
+
+
+ASHA = """\
+import determined as det
+from determined import core
+
+lr = det.get_cluster_info().trial.hparams["lr"]
+with core.init() as ctx:
+    for steps in range(1, 9):
+        if steps % 2 == 0:
+            loss = abs(lr - 0.3) + 1.0 / steps
+            ctx.train.report_validation_metrics(
+                steps_completed=steps, metrics={"loss": loss, "batches": steps}
+            )
+            with ctx.checkpoint.store_path({"steps_completed": steps}) as (p, _):
+                (p / "s").write_text(str(steps))
+        if ctx.preempt.should_preempt():
+            break
+"""
+
+
+def test_search_summary_shows_trials_asha_stopped_early(dl: Env) -> None:
+    dl.setenv(**CPU1)
+    cfg, ctx = dl.context(
+        ASHA,
+        {
+            "hyperparameters": {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}},
+            "searcher": {
+                "name": "adaptive_asha",
+                "metric": "loss",
+                "time_metric": "batches",
+                "max_time": 8,
+                "max_trials": 4,
+                "max_concurrent_trials": 1,
+                "mode": "aggressive",
+                "divisor": 2,
+                "max_rungs": 3,
+            },
+            "reproducibility": {"experiment_seed": 11},
+        },
+    )
+    r = dl.det("run", cfg, ctx, timeout=300)
+    assert r.rc == 0, r
+    short = [t.id for t in dl.trials(1) if t.steps_completed < 8]
+    assert short, r.out  # ASHA stopped some
+    head = next(ln for ln in r.out.splitlines() if " trials" in ln and "best loss" in ln)
+    assert (
+        head == f"  4 trials ({len(short)} stopped early by the searcher), best loss first "
+        "(smaller is better):"
+    ), r.out
+    for tid in short:
+        row = next(ln for ln in r.out.splitlines() if ln.split(" | ")[0].strip() == str(tid))
+        assert "COMPLETED (stopped early)" in row, r.out

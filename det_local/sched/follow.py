@@ -173,6 +173,10 @@ class SearchProgress:
             }
         return cls(store, search)
 
+    def kind(self, trial: Any) -> str:
+        """How the trial stands or ended (the words of `_kind`)."""
+        return self._kind(trial)
+
     def _kind(self, trial: Any) -> str:
         """running, queued, paused, completed, stopped, invalid, errored or canceled."""
         state = trial.state
@@ -287,18 +291,33 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
         if val is not None:
             shown = ", ".join(f"{k}={_fmt(v)}" for k, v in val.metrics.items())
             lines.append(f"    last validation (steps_completed={val.steps_completed}): {shown}")
-        ckpts = [c for c in store.list_checkpoints(trial_id=t.id) if c.state == "COMPLETED"]
+        every = store.list_checkpoints(trial_id=t.id)
+        ckpts = [c for c in every if c.state == "COMPLETED"]
         if ckpts:
             last = ckpts[-1]
             lines.append(
                 f"    checkpoints: {len(ckpts)}, latest {last.uuid} "
                 f"(steps_completed={last.steps_completed})"
             )
+        removed = sum(c.state == "DELETED" for c in every)
+        if removed:
+            lines.append(f"    {gc_note(removed, rec.config)}")
         if t.message:  # why it failed, or why it ended early (InvalidHP)
             lines.append(f"    {t.message}")
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")
     return "\n".join(lines)
+
+
+def gc_note(removed: int, config: dict[str, Any]) -> str:
+    """Why fewer checkpoints are left than were saved: checkpoint GC's rule, as configured."""
+    storage = config.get("checkpoint_storage") or {}
+    keep = ", ".join(
+        f"{k} {storage.get(k, d)}"
+        for k, d in (("save_trial_latest", 1), ("save_trial_best", 0), ("save_experiment_best", 0))
+    )
+    word = "checkpoint" if removed == 1 else "checkpoints"
+    return f"{removed} older {word} removed by checkpoint GC (checkpoint_storage: {keep})"
 
 
 # ---------------------------------------------------------------------------- commands

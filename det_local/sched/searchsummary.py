@@ -56,6 +56,17 @@ def best_checkpoint(store: Store, trial: Any, metric: str | None) -> Any:
     return at_best[-1] if at_best else (ckpts[-1] if ckpts else None)
 
 
+def stopped_early(store: Store, experiment_id: int, trials: list[Any]) -> set[int]:
+    """The trials the searcher stopped before their full length (ASHA), which Determined
+    records as COMPLETED: as the `[search]` line counts them (`follow.SearchProgress`)."""
+    from det_local.sched.follow import SearchProgress
+
+    progress = SearchProgress.for_experiment(store, experiment_id, trials)
+    if progress is None:
+        return set()
+    return {t.id for t in trials if progress.kind(t) == "stopped"}
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.6g}"
@@ -94,11 +105,18 @@ def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[st
     ranked = rank(trials, smaller)
     order = "smaller" if smaller else "larger"
     lines = [f"  {len(trials)} trials, best {shown_metric} first ({order} is better):"]
+    stopped = stopped_early(store, experiment_id, trials)
+    if stopped:
+        n = len(stopped)
+        lines[0] = (
+            f"  {len(trials)} trials ({n} stopped early by the searcher), best {shown_metric} "
+            f"first ({order} is better):"
+        )
     varying = _varying([_hparams(t.hparams) for t in trials])
     rows = [
         [
             t.id,
-            t.state.value,
+            f"{t.state.value} (stopped early)" if t.id in stopped else t.state.value,
             t.steps_completed,
             "" if t.best_validation is None else _fmt(t.best_validation),
             " ".join(h for h in _hparams(t.hparams) if h.partition("=")[0] in varying),
