@@ -29,6 +29,13 @@ def slots_command(
 
     view = current(paths())
     rows = view.rows()
+    from det_local.api import open_store
+
+    disabled = open_store().drains.slots()  # `slot disable`: drained, kept across restarts
+    for r in rows:
+        r["disabled"] = r["index"] in disabled
+        if r["disabled"]:
+            r["used_by"] = f"{r['used_by']} (disabled)".strip()
     if as_json:
         print_json(rows)
         return

@@ -70,6 +70,8 @@ __all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
 
 class Engine:
+    node_name = ""  # this node's name in the cluster (set with the placer), else ""
+
     def __init__(
         self,
         paths: Paths,
@@ -115,6 +117,9 @@ class Engine:
             foreign_busy=self.settings.foreign_gpus_busy,
             our_pids=self.supervisor.our_pids,
         )
+        from det_local.sched.daytwo import drain
+
+        drain.load(self)  # slots an admin disabled stay disabled across restarts
         self.queue = JobQueue(
             self.store.jobs,
             self.store.next_trial_run,
@@ -217,6 +222,15 @@ class Engine:
 
     def request_stop(self) -> None:
         self._stop_requested.set()
+
+    def set_drain(self, target: str, disabled: bool, user: str) -> str:
+        """`slot disable|enable N` (target "slot:N") or `cluster node ...` ("node:NAME")."""
+        from det_local.sched.daytwo import drain
+
+        kind, _, what = target.partition(":")
+        if kind == "slot":
+            return drain.set_slot(self, int(what), disabled, user)
+        return drain.set_node(self, what, self.node_name or "local", disabled, user)
 
     def stop_taking_work(self) -> None:
         """An embedded engine about to stop before it is idle (`cmd run -f` interrupted):

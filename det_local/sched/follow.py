@@ -280,7 +280,7 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
     if len(trials) > 1:  # a search: best first, a few rows, the best trial's checkpoint
         from det_local.sched.searchsummary import search_lines
 
-        lines += search_lines(store, experiment_id, trials)
+        lines += search_lines(store, experiment_id, trials, stopped_early(store, experiment_id))
         trials = []
     for t in trials:
         lines.append(
@@ -307,6 +307,16 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")
     return "\n".join(lines)
+
+
+def stopped_early(store: Store, experiment_id: int) -> set[int]:
+    """The trials the searcher stopped before their full length (ASHA), as the `[search]`
+    line counts them: Determined records them as COMPLETED."""
+    trials = store.list_trials(experiment_id)
+    progress = SearchProgress.for_experiment(store, experiment_id, trials)
+    if progress is None:
+        return set()
+    return {t.id for t in trials if progress.kind(t) == "stopped"}
 
 
 def gc_note(removed: int, config: dict[str, Any]) -> str:

@@ -56,17 +56,6 @@ def best_checkpoint(store: Store, trial: Any, metric: str | None) -> Any:
     return at_best[-1] if at_best else (ckpts[-1] if ckpts else None)
 
 
-def stopped_early(store: Store, experiment_id: int, trials: list[Any]) -> set[int]:
-    """The trials the searcher stopped before their full length (ASHA), which Determined
-    records as COMPLETED: as the `[search]` line counts them (`follow.SearchProgress`)."""
-    from det_local.sched.follow import SearchProgress
-
-    progress = SearchProgress.for_experiment(store, experiment_id, trials)
-    if progress is None:
-        return set()
-    return {t.id for t in trials if progress.kind(t) == "stopped"}
-
-
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.6g}"
@@ -95,8 +84,11 @@ def _varying(per_trial: list[list[str]]) -> set[str]:
     return varying or set(seen)
 
 
-def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[str]:
-    """The summary's lines after its first (indented by two spaces)."""
+def search_lines(
+    store: Store, experiment_id: int, trials: list[Any], stopped: set[int] | None = None
+) -> list[str]:
+    """The summary's lines after its first (indented by two spaces). stopped: the trials the
+    searcher stopped early (ASHA), which Determined records as COMPLETED."""
     from det_local.tables import table, terminal_width
 
     exp = store.get_experiment(experiment_id)
@@ -105,7 +97,7 @@ def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[st
     ranked = rank(trials, smaller)
     order = "smaller" if smaller else "larger"
     lines = [f"  {len(trials)} trials, best {shown_metric} first ({order} is better):"]
-    stopped = stopped_early(store, experiment_id, trials)
+    stopped = stopped or set()
     if stopped:
         n = len(stopped)
         lines[0] = (

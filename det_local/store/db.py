@@ -16,7 +16,15 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts
+from det_local.store import (
+    checkpoint_table,
+    drains,
+    experiments,
+    logpolicies,
+    metrics,
+    trials,
+    trialstarts,
+)
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
@@ -36,6 +44,8 @@ SCHEMA = (
     + checkpoint_table.SCHEMA
     + metrics.SCHEMA
     + trialstarts.SCHEMA
+    + drains.SCHEMA
+    + logpolicies.SCHEMA
 )
 
 
@@ -141,6 +151,9 @@ class Store:
         self.trial_starts = ts = TrialStartTable(self.db)
         self.add_trial_start = ts.add
         self.list_trial_starts = ts.select
+
+        self.drains = drains.DrainTable(self.conn)
+        self.log_policies = logpolicies.LogPolicyTable(self.conn)
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -1,0 +1,69 @@
+"""Day-two verbs (issue 27): `experiment download-model-def`, `slot disable|enable`,
+`cluster node disable|enable`."""
+
+from __future__ import annotations
+
+import tarfile
+
+from conftest import Env, one_line_error
+
+CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
+
+
+def test_download_model_def_writes_the_context_snapshot(dl: Env) -> None:
+    dl.setenv(**CPU2)
+    cfg, ctx = dl.context("print('hi')\n", files={"pkg/model.py": "W = 1\n"})
+    assert dl.det("run", cfg, ctx).rc == 0
+    r = dl.det("experiment", "download-model-def", "1", "-o", dl.tmp)
+    assert r.rc == 0 and r.out == f"Wrote {dl.tmp}/experiment_1_model_def.tgz\n", r
+    with tarfile.open(dl.tmp / "experiment_1_model_def.tgz") as tar:
+        names = sorted(n for n in tar.getnames() if n != ".")
+        model = tar.extractfile("./pkg/model.py")
+        assert model is not None and model.read() == b"W = 1\n"
+    assert names == ["./config.yaml", "./pkg", "./pkg/model.py", "./train.py"]
+    r = dl.det("experiment", "download-model-def", "7")
+    assert r.rc == 1 and r.err == (
+        "error: experiment 7 not found; `det-local experiment list` shows the ids\n"
+    ), r
+
+
+def test_a_disabled_slot_finishes_its_work_and_takes_nothing_new(dl: Env) -> None:
+    dl.daemon_start(**CPU2)
+    first = dl.cmd(*dl.held("a"), slots=1)
+    dl.wait_job(first, "SCHEDULED")
+    held_slot = dl.job(first).slots[0]
+    r = dl.det("slot", "disable", held_slot)
+    assert r.rc == 0 and r.out == (
+        f"slot {held_slot} disabled: what runs there finishes; nothing new is placed there\n"
+    ), r
+    # the running command goes on; the other slot takes the next one; a third waits
+    second = dl.cmd(*dl.held("b"), slots=1)
+    dl.wait_job(second, "SCHEDULED")
+    assert dl.job(second).slots == [1 - held_slot]
+    third = dl.cmd("true", slots=1)
+    dl.release("a")
+    dl.wait_job(first, "DONE")
+    assert dl.job(third).state == "QUEUED"  # the freed slot is disabled
+    rows = dl.json("slots", "--json")
+    assert [r["disabled"] for r in rows] == [i == held_slot for i in range(2)]
+    assert "(disabled)" in dl.det("slots").out
+    # kept across a daemon restart
+    assert dl.det("daemon", "stop").rc == 0
+    dl.daemon_start()
+    assert dl.job(third).state == "QUEUED"
+    r = dl.det("slot", "enable", held_slot)
+    assert r.rc == 0 and r.out == f"slot {held_slot} enabled\n", r
+    dl.wait_job(third, "DONE")
+    dl.release("b")
+
+
+def test_slot_and_node_disable_refuse_bad_input_in_one_line(dl: Env) -> None:
+    dl.daemon_start(**CPU2)
+    r = dl.det("slot", "disable", "5")
+    one_line_error(r, "slot 5 does not exist: this machine has slots 0-1")
+    r = dl.det("cluster", "node", "disable", "gpu-box-2")
+    one_line_error(r, "node 'gpu-box-2' is not this machine (local)", "on gpu-box-2 itself")
+    r = dl.det("cluster", "node", "disable", "local")
+    assert r.rc == 0 and r.out.startswith("node local disabled: it takes no new gang shares"), r
+    assert dl.det("cluster", "node", "disable", "local").out == "node local was already disabled\n"
+    assert dl.det("cluster", "node", "enable", "local").out == "node local enabled\n"
