@@ -374,6 +374,10 @@ def trial_json(trial_id: int) -> dict[str, Any]:
     validation = store.latest_metrics(trial_id, VALIDATION)
     return {
         "trial": t.to_json(),
+        # Determined 0.38's log_policies its output matched: [{name, action}]
+        "log_policies": [
+            {"name": n, "action": a or None} for n, a in store.log_policies.matched(trial_id)
+        ],
         "checkpoints": [c.to_json() for c in store.list_checkpoints(trial_id=trial_id)],
         "metrics": {
             TRAINING: training.to_json() if training else None,
