@@ -196,6 +196,9 @@ class Engine:
         prepare_private(self.store, self.private, self.paths, self._out)
         recover(self)
         self.gc.collect_pending()  # ended experiments whose checkpoint GC did not finish
+        from det_local.sched.daytwo import retention
+
+        retention.start(self)  # retention_policy.log_retention_days, now and hourly
         self.spool.start()
         self.queue.schedule()
 
