@@ -116,3 +116,33 @@ def test_search_summary_shows_trials_asha_stopped_early(dl: Env) -> None:
     for tid in short:
         row = next(ln for ln in r.out.splitlines() if ln.split(" | ")[0].strip() == str(tid))
         assert "COMPLETED (stopped early)" in row, r.out
+
+
+README_CORE_V2 = """\
+from determined.experimental import core_v2
+
+core_v2.init(config=core_v2.Config(name="notebook", hparams={"lr": 0.01}))
+core_v2.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5})
+core_v2.close()
+"""
+
+
+def test_core_v2_readme_snippet_ends_without_a_refused_bye(dl: Env) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = dl.tmp / "nb.py"
+    script.write_text(README_CORE_V2)
+    env = dict(dl.env, PYTHONPATH=f"{repo / 'det_local' / 'compat'}:{repo}")
+    dl.daemon_start(**CPU1)
+    for _ in range(2):
+        r = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0 and r.stderr == "", r
+    assert dl.det("daemon", "stop").rc == 0
+    log = (dl.paths.run_dir / "daemon.log").read_text()
+    assert "unmanaged trial 2 ended COMPLETED" in log, log
+    assert "refused" not in log, log
