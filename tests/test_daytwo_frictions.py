@@ -146,3 +146,44 @@ def test_core_v2_readme_snippet_ends_without_a_refused_bye(dl: Env) -> None:
     log = (dl.paths.run_dir / "daemon.log").read_text()
     assert "unmanaged trial 2 ended COMPLETED" in log, log
     assert "refused" not in log, log
+
+
+def test_pytest_det_configs_collects_with_ids_and_keeps_a_failed_runs_home(dl: Env) -> None:
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from test_testmode import SCRIPT, _config
+
+    good, _ = dl.context(SCRIPT, _config(), name="good")
+    bad, _ = dl.context(SCRIPT, _config("validate"), name="bad")
+    suite = dl.tmp / "suite"
+    suite.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_LOCAL")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--rootdir", str(suite)]
+        + ["--det-configs", str(good), str(bad)],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "collected 2 items" in out, out
+    assert re.search(r"good/config\.yaml::det-config\[config\.yaml\] PASSED", out), out
+    assert re.search(r"bad/config\.yaml::det-config\[config\.yaml\] FAILED", out), out
+    hint = re.search(r"its home is kept: DET_LOCAL_HOME=(\S+) det-local trial logs (\d+)", out)
+    assert hint, out
+    logs = subprocess.run(
+        [sys.executable, "-m", "det_local.cli.main", "trial", "logs", hint.group(2)],
+        env=dict(env, DET_LOCAL_HOME=hint.group(1)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert logs.returncode == 0 and "ValueError: validation broke" in logs.stdout, logs
+    shutil.rmtree(hint.group(1))  # kept for us; ours to remove
