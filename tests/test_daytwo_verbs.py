@@ -67,3 +67,83 @@ def test_slot_and_node_disable_refuse_bad_input_in_one_line(dl: Env) -> None:
     assert r.rc == 0 and r.out.startswith("node local disabled: it takes no new gang shares"), r
     assert dl.det("cluster", "node", "disable", "local").out == "node local was already disabled\n"
     assert dl.det("cluster", "node", "enable", "local").out == "node local enabled\n"
+
+
+RESUMING = """\
+import determined as det
+from determined import core
+
+info = det.get_cluster_info()
+with core.init() as ctx:
+    steps = 0
+    if info.latest_checkpoint:
+        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
+            steps = int((path / "steps").read_text())
+    print(f"run starts at {steps}", flush=True)
+    for op in ctx.searcher.operations():
+        while steps < op.length:
+            steps += 1
+            ctx.train.report_training_metrics(steps_completed=steps, metrics={"loss": 1.0 / steps})
+        ctx.train.report_validation_metrics(steps_completed=steps, metrics={"loss": 1.0 / steps})
+        with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, _):
+            (path / "steps").write_text(str(steps))
+        op.report_completed(1.0 / steps)
+"""
+
+
+def _resuming(dl: Env) -> tuple[object, object]:
+    return dl.context(
+        RESUMING, {"searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 4}}}
+    )
+
+
+def test_continue_trains_the_same_trial_further_from_its_latest_checkpoint(dl: Env) -> None:
+    dl.setenv(**CPU2)
+    cfg, ctx = _resuming(dl)
+    assert dl.det("run", cfg, ctx).rc == 0
+    assert dl.trial(1).steps_completed == 4
+    # no daemon: it runs here, in the foreground
+    r = dl.det("experiment", "continue", "1", "--config", "searcher.max_length.batches=7")
+    assert r.rc == 0, r
+    assert r.out.startswith(
+        "experiment 1 continues: trial 1 resumes at steps_completed=4 from checkpoint "
+    ), r
+    t = dl.trial(1)
+    assert (t.state.value, t.steps_completed, t.run_id) == ("COMPLETED", 7, 2)
+    assert dl.experiment(1).state.value == "COMPLETED"
+    assert [m.steps_completed for m in dl.metrics(1, "training")] == [1, 2, 3, 4, 5, 6, 7]
+    assert "run starts at 0" in dl.log(1, 1) and "run starts at 4" in dl.log(1, 1)
+    assert dl.experiment(1).config["searcher"]["max_length"] == {"batches": 7}
+    # through a daemon: answered at once, trained there
+    dl.daemon_start()
+    r = dl.det("experiment", "continue", "1", "--config", "searcher.max_length.batches=9")
+    assert r.rc == 0 and r.out.startswith("experiment 1 continues: trial 1 resumes at "), r
+    assert dl.det("experiment", "wait", "1").rc == 0
+    assert dl.trial(1).steps_completed == 9
+
+
+def test_continue_refuses_in_one_line(dl: Env) -> None:
+    dl.setenv(**CPU2)
+    cfg, ctx = _resuming(dl)
+    assert dl.det("run", cfg, ctx).rc == 0
+    r = dl.det("experiment", "continue", "1", "--config", "searcher.max_length")
+    one_line_error(r, "--config 'searcher.max_length': expected KEY=VALUE with a dotted key")
+    r = dl.det("experiment", "continue", "1", "--config", "searcher.max_lenght=5")
+    one_line_error(r, "searcher.max_lenght", "continued config")
+    r = dl.det("experiment", "continue", "9")
+    one_line_error(r, "experiment 9 not found")
+    grid, gctx = dl.context(
+        "print(1)\n",
+        {
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
+            "hyperparameters": {"x": {"type": "categorical", "vals": [1, 2]}},
+        },
+        name="grid",
+    )
+    assert dl.det("run", grid, gctx).rc == 0
+    r = dl.det("experiment", "continue", "2")
+    one_line_error(
+        r,
+        "experiment 2 is a search (grid, 2 trials); only a single-trial experiment "
+        "(searcher: single) can be continued",
+    )

@@ -51,6 +51,7 @@ def _top(
 app.command("run")(run_command)
 # Determined's short names (e, t, c, command, j, ls...) are aliases: det_local/cli/group.py
 experiment.app.command("download-model-def")(daytwo.download_model_def)
+experiment.app.command("continue")(daytwo.continue_experiment)
 app.add_typer(experiment.app, name="experiment", cls=DetGroup)
 app.add_typer(trial.app, name="trial", cls=DetGroup)
 app.add_typer(checkpoint.app, name="checkpoint", cls=DetGroup)

@@ -226,6 +226,14 @@ class Engine:
     def request_stop(self) -> None:
         self._stop_requested.set()
 
+    def continue_experiment(self, experiment_id: int, overrides: Any) -> str:
+        """`experiment continue` (sched/daytwo/cont.py)."""
+        from det_local.sched.daytwo.cont import continue_experiment
+
+        message = continue_experiment(self, experiment_id, overrides)
+        self.queue.schedule()
+        return message
+
     def set_drain(self, target: str, disabled: bool, user: str) -> str:
         """`slot disable|enable N` (target "slot:N") or `cluster node ...` ("node:NAME")."""
         from det_local.sched.daytwo import drain

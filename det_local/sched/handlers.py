@@ -51,6 +51,8 @@ class Controls(Protocol):
 
     def set_drain(self, target: str, disabled: bool, user: str) -> str: ...
 
+    def continue_experiment(self, experiment_id: int, overrides: Any) -> str: ...
+
     def activate(self, experiment_id: int) -> str: ...
 
     def kill(self, experiment_id: int) -> str: ...
@@ -256,6 +258,11 @@ def slots(c: Controls, req: Request) -> dict[str, Any]:
     return engine_answer(c.inventory, c.store.jobs.active())
 
 
+def continue_(c: Controls, req: Request) -> str:
+    """`experiment continue ID`: its owner (or an admin)."""
+    return c.continue_experiment(own_experiment(c, req), req.payload.get("overrides") or {})
+
+
 def drain(c: Controls, req: Request) -> str:
     """`slot disable|enable N`, `cluster node disable|enable NAME`: admins only (root, the
     daemon's user, the admin group)."""
@@ -291,6 +298,7 @@ HANDLERS: dict[str, Handler] = {
     "cmd_kill": cmd_kill,
     "daemon_stop": daemon_stop,
     "drain": drain,
+    "continue": continue_,
     "slots": slots,
     "unmanaged": unmanaged,
 }
