@@ -187,3 +187,22 @@ def test_pytest_det_configs_collects_with_ids_and_keeps_a_failed_runs_home(dl: E
     )
     assert logs.returncode == 0 and "ValueError: validation broke" in logs.stdout, logs
     shutil.rmtree(hint.group(1))  # kept for us; ours to remove
+
+
+def test_describe_and_trial_list_fit_100_columns_in_bytes_too(dl: Env) -> None:
+    dl.setenv(**CPU1)
+    cfg, ctx = dl.context(
+        CKPT3.replace('{"loss": 1.0 / step}', '{"validation_loss": 1.0 / step}'),
+        {
+            "hyperparameters": {"batch_size": 64, "hidden_size": 128, "learning_rate": 0.05},
+            "searcher": {"name": "single", "metric": "loss", "max_length": 3},
+        },
+    )
+    assert dl.det("run", cfg, ctx).rc == 0
+    dl.setenv(COLUMNS="100")
+    for args in (("experiment", "describe", "1"), ("trial", "list", "1")):
+        r = dl.det(*args)
+        assert r.rc == 0, r
+        widest = max(len(line.encode()) for line in r.out.splitlines())
+        assert widest <= 100, r.out  # awk and cut count bytes: "…" was three of them
+        assert "..." in r.out, r.out  # something was cut (the test is about that)
