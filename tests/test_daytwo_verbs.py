@@ -114,6 +114,9 @@ def test_continue_trains_the_same_trial_further_from_its_latest_checkpoint(dl: E
     assert [m.steps_completed for m in dl.metrics(1, "training")] == [1, 2, 3, 4, 5, 6, 7]
     assert "run starts at 0" in dl.log(1, 1) and "run starts at 4" in dl.log(1, 1)
     assert dl.experiment(1).config["searcher"]["max_length"] == {"batches": 7}
+    # collected again when it ended again: the latest checkpoint is the one kept
+    kept = [c.steps_completed for c in dl.checkpoints(1) if c.state == "COMPLETED"]
+    assert kept == [7], dl.checkpoints(1)
     # through a daemon: answered at once, trained there
     dl.daemon_start()
     r = dl.det("experiment", "continue", "1", "--config", "searcher.max_length.batches=9")

@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from det_local.errors import ConfigError, StateError
+from det_local.sched.ckpt_gc import CheckpointGC
 from det_local.sched.experiments import ExperimentRun, checkpoint_dir_for
 from det_local.search.actions import Action, Create
 from det_local.store import continuation
@@ -27,6 +28,7 @@ class Continuing(Protocol):
     store: Store
     paths: Paths
     experiments: dict[int, ExperimentRun]
+    gc: CheckpointGC
 
     def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
 
@@ -65,6 +67,11 @@ def continue_experiment(engine: Continuing, experiment_id: int, overrides: Any) 
             f"experiment {experiment_id} is {rec.state.value}; only an ended experiment "
             "(COMPLETED, CANCELED, ERROR) can be continued (a PAUSED one: `det-local "
             f"experiment activate {experiment_id}`)"
+        )
+    if experiment_id in engine.gc.running:
+        raise StateError(
+            f"experiment {experiment_id}'s checkpoint GC is still removing checkpoints; "
+            "continue it once that is done (`det-local experiment events` says when)"
         )
     trials = engine.store.list_trials(experiment_id)
     searcher_name = (rec.config.get("searcher") or {}).get("name")
