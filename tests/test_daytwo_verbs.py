@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import tarfile
+from pathlib import Path
 
+import pytest
 from conftest import Env, one_line_error
 
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
@@ -150,3 +152,35 @@ def test_continue_refuses_in_one_line(dl: Env) -> None:
         "experiment 2 is a search (grid, 2 trials); only a single-trial experiment "
         "(searcher: single) can be continued",
     )
+
+
+def test_what_peers_see_of_a_disabled_slot_and_a_disabled_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The federation's view of this node (`EngineView.slots`, what it advertises and checks
+    a reserve against): disabled slots are not free; a disabled node has nothing free and
+    refuses reserves (federate/gangs.py checks `node_disabled`)."""
+    from det_local.sched.engine import Engine
+    from det_local.sched.extensions import EngineView
+    from det_local.store.paths import Paths
+
+    monkeypatch.setenv("DET_LOCAL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DET_LOCAL_CPU_SLOTS", "3")
+    monkeypatch.setenv("DET_LOCAL_FAKE_GPUS", "0")
+    engine = Engine(Paths.from_env(), offline=True, out=lambda line: None)
+    view = EngineView(engine, log=lambda line: None)
+    view.install_placer(None, node_id="gpu-box-1")
+    assert view.slots() == (3, 3, "cpu")
+    assert engine.set_drain("slot:1", True, "root").startswith("slot 1 disabled")
+    assert view.slots() == (2, 3, "cpu")
+    assert [s.index for s in engine.slots.free([]).slots] == [0, 2]
+    msg = engine.set_drain("node:gpu-box-1", True, "root")
+    assert msg.startswith("node gpu-box-1 disabled: it takes no new gang shares"), msg
+    assert view.node_disabled() and view.slots() == (0, 3, "cpu")
+    # kept in the store: a new engine (a daemon restart) finds both
+    engine.store.close()
+    again = Engine(Paths.from_env(), offline=True, out=lambda line: None)
+    assert again.slots.disabled == {1} and again.store.drains.node()
+    assert again.set_drain("node:local", False, "root") == "node local enabled"
+    assert again.set_drain("slot:1", False, "root") == "slot 1 enabled"
+    assert EngineView(again, log=lambda line: None).slots() == (3, 3, "cpu")
