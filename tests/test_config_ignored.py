@@ -89,10 +89,21 @@ def test_config_check_and_run_print_one_line_each(tmp_path: Path) -> None:
     r = _cli(tmp_path, "config", "check", "c.yaml", ".")
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == expected
+    # a deprecated key det-local honours: config check says so; run does not (not ignored)
+    deprecated = {**EVERYTHING, "searcher": {**BASE["searcher"], "max_length": 1}}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(deprecated))
+    r = _cli(tmp_path, "config", "check", "d.yaml", ".")
+    assert r.stderr.splitlines()[-1] == (
+        "deprecated: searcher.max_length in d.yaml: deprecated in Determined 0.38 (still "
+        "honoured); the trial decides its length, or ASHA uses time_metric/max_time"
+    ), r.stderr
     r = _cli(tmp_path, "config", "check", "c.yaml", ".", "--json")
     assert json.loads(r.stdout)["warnings"] == _expected("c.yaml")
     # at submission: before the experiment's id, once
-    r = _cli(tmp_path, "run", "c.yaml", ".")
+    r = _cli(tmp_path, "run", "d.yaml", ".")
     assert r.returncode == 0, r.stderr
-    assert r.stderr.splitlines()[: len(expected)] == expected, r.stderr
+    assert r.stderr.splitlines()[: len(expected)] == [
+        e.replace("c.yaml", "d.yaml") for e in expected
+    ]
+    assert "deprecated" not in r.stderr, r.stderr
     assert "trained" in r.stdout

@@ -46,6 +46,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
         return {
             "config": config,
             "warnings": list(cfg.warnings),
+            "deprecations": list(cfg.deprecations),
             "plan": None,
             "not_runnable": str(err),
         }
@@ -88,6 +89,7 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     return {
         "config": config,
         "warnings": list(cfg.warnings),
+        "deprecations": list(cfg.deprecations),
         "plan": {
             # how many trials the search creates in all (grid size, max_trials); `search` has
             # the searcher's plan (ASHA brackets and rungs, grid axes), `initial_trials` how
