@@ -461,6 +461,7 @@ JSON_KEYS = [
     "foreign",
     "allocation",
     "used_by",
+    "disabled",  # `slot disable` (drained)
 ]
 
 
