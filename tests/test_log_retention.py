@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from conftest import Env
+from conftest import Env, one_line_error
 
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
 
@@ -34,3 +34,9 @@ def test_logs_of_experiments_ended_longer_ago_than_their_retention_are_removed(d
     assert dl.det("daemon", "stop").rc == 0
     assert not dl.paths.trial_log(2, 2).exists()
     assert "hello kept" in dl.log(3, 3)  # -1: kept forever
+    r = dl.det("trial", "logs", "2")
+    one_line_error(
+        r,
+        "trial 2's logs were removed: experiment 2 ended more than 1 day ago "
+        "(retention_policy.log_retention_days); its metrics and checkpoints remain",
+    )

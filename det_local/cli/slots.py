@@ -28,14 +28,9 @@ def slots_command(
     from det_local.sched.slotview import FROM_ENGINE, current
 
     view = current(paths())
-    rows = view.rows()
-    from det_local.api import open_store
+    from det_local.api import mark_disabled
 
-    disabled = open_store().drains.slots()  # `slot disable`: drained, kept across restarts
-    for r in rows:
-        r["disabled"] = r["index"] in disabled
-        if r["disabled"]:
-            r["used_by"] = f"{r['used_by']} (disabled)".strip()
+    rows = mark_disabled(view.rows())  # `slot disable`: drained, kept across restarts
     if as_json:
         print_json(rows)
         return
