@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import Env, one_line_error
+from conftest import ADMIN, ADMIN_GROUP, A, Env, Shared, one_line_error
 
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
 
@@ -184,3 +186,25 @@ def test_what_peers_see_of_a_disabled_slot_and_a_disabled_node(
     assert again.set_drain("node:local", False, "root") == "node local enabled"
     assert again.set_drain("slot:1", False, "root") == "slot 1 enabled"
     assert EngineView(again, log=lambda line: None).slots() == (3, 3, "cpu")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="multi-user tests create real users: they need root and useradd",
+)
+def test_only_an_admin_disables_a_slot_or_the_node(shared: Shared) -> None:
+    from det_local import api
+    from det_local.errors import DetLocalError
+
+    for target in ("slot:0", "node:local"):
+        with pytest.raises(DetLocalError) as exc:
+            shared.as_user(A, api.control_job, "drain", {"target": target, "disabled": True})
+        assert str(exc.value) == (
+            f"permission denied: only root or a member of the {ADMIN_GROUP} group may disable "
+            "or enable slots and nodes"
+        )
+    msg = shared.as_user(ADMIN, api.control_job, "drain", {"target": "slot:0", "disabled": True})
+    assert msg.startswith("slot 0 disabled")
+    job = shared.held(A, "a")
+    assert shared.wait_job(job, "SCHEDULED").slots == [1]  # not the disabled slot
+    shared.release("a")
