@@ -150,7 +150,10 @@ def trial_logs(
     store = open_store()
     trial = store.get_trial(trial_id)
     prefix = None if rank is None else f"[rank={rank}] ".encode()
-    log = LogTail(paths().trial_log(trial.experiment_id, trial_id), prefix=prefix, last=tail)
+    path = paths().trial_log(trial.experiment_id, trial_id)
+    if trial.state.terminal and not path.exists():
+        _logs_removed(store, trial.experiment_id, trial_id)
+    log = LogTail(path, prefix=prefix, last=tail)
 
     def pump() -> bool:
         if log.pump(out.write):
@@ -173,6 +176,27 @@ def trial_logs(
         raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
     out.write(log.rest())
     out.flush()
+
+
+def _logs_removed(store: Store, experiment_id: int, trial_id: int) -> None:
+    """An ended trial without its log: say so when its retention policy removed it."""
+    import time
+
+    exp = store.get_experiment(experiment_id)
+    days = (exp.config.get("retention_policy") or {}).get("log_retention_days")
+    if (
+        isinstance(days, int)
+        and days >= 0
+        and exp.ended_at is not None
+        and exp.ended_at + days * 86400 <= time.time()
+    ):
+        from det_local.errors import NotFoundError
+
+        raise NotFoundError(
+            f"trial {trial_id}'s logs were removed: experiment {experiment_id} ended more than "
+            f"{days} day{'s' if days != 1 else ''} ago (retention_policy.log_retention_days); "
+            "its metrics and checkpoints remain"
+        )
 
 
 def command_exit_status(job: Any) -> int:
@@ -392,6 +416,10 @@ def trial_json(trial_id: int) -> dict[str, Any]:
     validation = store.latest_metrics(trial_id, VALIDATION)
     return {
         "trial": t.to_json(),
+        # Determined 0.38's log_policies its output matched: [{name, action}]
+        "log_policies": [
+            {"name": n, "action": a or None} for n, a in store.log_policies.matched(trial_id)
+        ],
         "checkpoints": [c.to_json() for c in store.list_checkpoints(trial_id=trial_id)],
         "metrics": {
             TRAINING: training.to_json() if training else None,
@@ -434,7 +462,18 @@ def slots_json() -> list[dict[str, Any]]:
     when none runs), with who uses each."""
     from det_local.sched.slotview import current
 
-    return current(paths()).rows()
+    return mark_disabled(current(paths()).rows())
+
+
+def mark_disabled(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each slot row with `disabled` (`slot disable`: drained, kept across restarts); a
+    disabled slot's "used by" says so."""
+    disabled = open_store().drains.slots()
+    for r in rows:
+        r["disabled"] = r["index"] in disabled
+        if r["disabled"]:
+            r["used_by"] = f"{r['used_by']} (disabled)".strip()
+    return rows
 
 
 def trial_log_chunk(
@@ -668,6 +707,15 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
         d["link"] = address(j.kind, j.argv) if j.state == "SCHEDULED" else None
         out.append(d)
     return out
+
+
+def ended_commands() -> int:
+    """How many commands (every job but trials) have ended: what `cmd list` leaves out
+    without --all."""
+    jobs = open_store().jobs
+    return sum(1 for j in jobs.list(include_done=True) if j.kind != "TRIAL") - sum(
+        1 for j in jobs.list() if j.kind != "TRIAL"
+    )
 
 
 def cluster_view() -> dict[str, Any]:

@@ -5,11 +5,17 @@
   DET_LOCAL_HOME and returns the ``TestReport`` (steps, metrics, checkpoint path) for
   assertions; by default a failed step fails the test with the step and the trial's traceback.
 * ``pytest --det-configs PATH...`` collects each experiment config as a test item that runs it
-  in test mode, with the config's directory as the context.
+  in test mode, with the config's directory as the context (its id: ``PATH::det-config[NAME]``).
+
+A failed run keeps its DET_LOCAL_HOME (removed only when the run passed), and the failure says
+how to read the trial's logs there. The plugin needs pytest itself: ``pip install pytest`` (the
+``examples`` and ``test`` extras have it).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +29,17 @@ if TYPE_CHECKING:
 
 class TestModeFailed(AssertionError):
     """A test-mode step failed; the message is the report (steps and traceback)."""
+
+
+_CONFIGS = pytest.StashKey[dict[str, bool]]()  # --det-configs paths -> collected yet
+
+
+def _failed(report: TestReport, home: Path) -> TestModeFailed:
+    """The report, and where the trial's logs are (its home is kept)."""
+    text = report.format()
+    if report.trial_id is not None:
+        text += f"\nits home is kept: DET_LOCAL_HOME={home} det-local trial logs {report.trial_id}"
+    return TestModeFailed(text)
 
 
 def _run(config: Path, context: Path | None, home: Path) -> TestReport:
@@ -54,10 +71,10 @@ def det_local_test_mode(
     def run(
         config: str | Path, context: str | Path | None = None, *, check: bool = True
     ) -> TestReport:
-        home = tmp_path_factory.mktemp("det-local-home")
+        home = tmp_path_factory.mktemp("det-local-home")  # kept by pytest (its basetemp)
         report = _run(Path(config), Path(context) if context is not None else None, home)
         if check and not report.passed:
-            raise TestModeFailed(report.format())
+            raise _failed(report, home)
         return report
 
     yield run
@@ -70,10 +87,11 @@ class DetConfigItem(pytest.Item):
         self.report: TestReport | None = None
 
     def runtest(self) -> None:
-        with tempfile.TemporaryDirectory(prefix="det-local-home-") as home:
-            self.report = _run(self.config_path, None, Path(home))
+        home = Path(tempfile.mkdtemp(prefix="det-local-home-"))
+        self.report = _run(self.config_path, None, home)
         if not self.report.passed:
-            raise TestModeFailed(self.report.format())
+            raise _failed(self.report, home)  # the home stays for its logs
+        shutil.rmtree(home, ignore_errors=True)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, TestModeFailed):
@@ -88,11 +106,29 @@ class DetConfigItem(pytest.Item):
         return self.config_path, None, f"det-local test mode: {self.config_path}"
 
 
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
-    for raw in config.getoption("det_configs") or []:
-        path = Path(raw).absolute()
-        items.append(
-            DetConfigItem.from_parent(session, name=f"det-config[{raw}]", config_path=path)
+class DetConfigFile(pytest.File):
+    """An experiment config named by --det-configs: one test item, its test-mode run."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        yield DetConfigItem.from_parent(
+            self, name=f"det-config[{self.path.name}]", config_path=self.path
         )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """--det-configs paths are collected like files named on the command line (counted in
+    "collected N items", ids with their path)."""
+    paths = [str(Path(raw).absolute()) for raw in config.getoption("det_configs") or []]
+    config.stash[_CONFIGS] = dict.fromkeys(paths, False)
+    config.args.extend(p for p in paths if p not in config.args)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    configs = parent.config.stash.get(_CONFIGS, {})
+    key = str(file_path)
+    if configs.get(key) is False:  # once, though a directory walk may find it again
+        configs[key] = True
+        # its id names it from the rootdir ("../configs/const.yaml" outside it), never ""
+        nodeid = os.path.relpath(file_path, parent.config.rootpath)
+        return DetConfigFile.from_parent(parent, path=file_path, nodeid=nodeid)
+    return None

@@ -165,15 +165,6 @@ def elide(text: str, width: int, mark: str = "…") -> str:
     return text[: width - len(mark)] + mark
 
 
-def _ellipsis() -> str:
-    """ "…" where stdout can encode it, else "~"."""
-    try:
-        "…".encode(sys.stdout.encoding or "ascii")
-    except (LookupError, UnicodeEncodeError):
-        return "~"
-    return "…"
-
-
 def table(
     headers: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -205,7 +196,9 @@ def table(
 
 
 def _plain(headers: Sequence[str], cells: list[list[str]], layout: Layout) -> str:
-    mark = _ellipsis()
+    # ASCII: a pipe's reader (awk, cut, wc) may count bytes, and "…" is three of them; a
+    # line of `width` characters is then `width` bytes too
+    mark = "..."
     cols = list(zip(layout.columns, layout.widths, strict=True))
 
     def line(values: Sequence[str]) -> str:

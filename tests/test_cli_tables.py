@@ -153,7 +153,7 @@ def test_experiment_tables_fit_100_columns(world: World) -> None:
     out = _fits(world.env, "experiment", "list")
     row = _row(out, str(world.exp))
     assert row[2] == "ACTIVE" and row[1].startswith("resnet50-imagenet")
-    assert row[1].endswith("…")  # the long name is cut, on one line
+    assert row[1].endswith("...")  # the long name is cut, on one line (ASCII on a pipe)
 
     out = _fits(world.env, "experiment", "describe", world.exp)
     assert f"Experiment {world.exp}: {LONG_NAME}" in out or LONG_NAME[:60] in out

@@ -468,6 +468,7 @@ JSON_KEYS = [
     "held_for_s",
     "idle_for_s",
     "idle_flagged",
+    "disabled",  # `slot disable` (drained)
 ]
 
 

@@ -95,6 +95,7 @@ def list_commands(
 
     if as_json:
         print_json(api.commands_json(include_done=show_all))
+        _hidden_hint(show_all)
         return
     jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
     from det_local.cli.checkpoint import fmt_time
@@ -124,6 +125,24 @@ def list_commands(
     ]
     for line in api.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
         print(line)
+    _hidden_hint(show_all)
+
+
+def _hidden_hint(show_all: bool) -> None:
+    """On stderr (so --json stays JSON): how many ended commands the list left out."""
+    if show_all:
+        return
+    import sys
+
+    from det_local import api
+
+    ended = api.ended_commands()
+    if ended:
+        word = "command" if ended == 1 else "commands"
+        print(
+            f"({ended} ended {word} not shown; `det-local cmd list --all` lists them)",
+            file=sys.stderr,
+        )
 
 
 @app.command("logs")

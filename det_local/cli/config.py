@@ -32,6 +32,7 @@ def check(
     import yaml
 
     print(f"# {config}: valid")
+    print_warnings(result["warnings"], result["deprecations"])
     print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
     plan = result["plan"]
     if plan is None:
@@ -48,6 +49,17 @@ def check(
     for key, value in plan["env"].items():
         shown = value if len(value) <= 100 else value[:97] + "..."
         print(f"  {key}={shown}")
+
+
+def print_warnings(warnings: list[str], deprecations: list[str]) -> None:
+    """One line each on stderr: a key det-local parses but does not act on (what it does
+    instead), then a deprecated key it still honours."""
+    import sys
+
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in deprecations:
+        print(f"deprecated: {line}", file=sys.stderr)
 
 
 GENERATIONS = {

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from det_local.cli import checkpoint, cluster, cmd, config, daemon, experiment, job, trial
+from det_local.cli import checkpoint, cluster, cmd, config, daemon, daytwo, experiment, job, trial
 from det_local.cli.common import run_cli
 from det_local.cli.completion import completion_command
 from det_local.cli.dashboard import dashboard_command
@@ -51,6 +51,8 @@ def _top(
 
 app.command("run")(run_command)
 # Determined's short names (e, t, c, command, j, ls...) are aliases: det_local/cli/group.py
+experiment.app.command("download-model-def")(daytwo.download_model_def)
+experiment.app.command("continue")(daytwo.continue_experiment)
 app.add_typer(experiment.app, name="experiment", cls=DetGroup)
 app.add_typer(trial.app, name="trial", cls=DetGroup)
 app.add_typer(checkpoint.app, name="checkpoint", cls=DetGroup)
@@ -58,9 +60,11 @@ app.add_typer(config.app, name="config", cls=DetGroup)
 app.add_typer(job.app, name="job", cls=DetGroup)
 app.add_typer(cmd.app, name="cmd", cls=DetGroup)
 app.add_typer(daemon.app, name="daemon", cls=DetGroup)
+cluster.app.add_typer(daytwo.node_app, name="node", cls=DetGroup)
 app.add_typer(cluster.app, name="cluster", cls=DetGroup)
 app.command("slots")(slots_command)
 app.command("usage")(usage_command)
+app.add_typer(daytwo.slot_app, name="slot", cls=DetGroup)
 app.add_typer(shell_app, name="shell", cls=DetGroup)
 app.add_typer(notebook_app, name="notebook", cls=DetGroup)
 app.add_typer(tensorboard_app, name="tensorboard", cls=DetGroup)

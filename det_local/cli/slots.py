@@ -28,7 +28,9 @@ def slots_command(
     from det_local.sched.slotview import FROM_ENGINE, current
 
     view = current(paths())
-    rows = view.rows()
+    from det_local.api import mark_disabled
+
+    rows = mark_disabled(view.rows())  # `slot disable`: drained, kept across restarts
     if as_json:
         print_json(rows)
         return

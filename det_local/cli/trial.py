@@ -140,6 +140,10 @@ def describe(
     lines += [f"  Ended:             {fmt_time(t.ended_at)}"]
     if t.message:
         lines += wrap_lines("Message:           ", t.message)
+    matched = store.log_policies.matched(trial_id)
+    if matched:  # log_policies its output matched (labels; the action, if any)
+        shown = ", ".join(f"{n} ({a})" if a else n for n, a in matched)
+        lines += wrap_lines("Log policies:      ", shown)
     lines += ["", "Hyperparameters:"]
     hparams = flatten(t.hparams)
     for k, v in hparams:

@@ -55,7 +55,8 @@ class Ctx:
     """Where the config came from (for messages) and what validation noticed along the way."""
 
     source: str = "<config>"
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # keys set but ignored: printed at run
+    deprecations: list[str] = field(default_factory=list)  # honoured, deprecated: config check
 
     def fail(self, path: str, message: str) -> NoReturn:
         raise ConfigError(f"{path} in {self.source}: {message}")
@@ -74,7 +75,12 @@ class Ctx:
         raise ConfigError(f"unknown field '{where}' in {self.source}{suffix}")
 
     def warn(self, path: str, message: str) -> None:
+        """A key the config sets that det-local does not act on (what it does instead)."""
         self.warnings.append(f"{path} in {self.source}: {message}")
+
+    def deprecated(self, path: str, message: str) -> None:
+        """A key Determined 0.38 deprecates that det-local still honours."""
+        self.deprecations.append(f"{path} in {self.source}: {message}")
 
 
 def _bounds(lo: float | None, hi: float | None, lo_exclusive: bool) -> str:

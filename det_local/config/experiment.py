@@ -20,6 +20,7 @@ from det_local.config.hparams import (
     hparams_to_dict,
     parse_hyperparameters,
 )
+from det_local.config.ignored import warn_ignored
 from det_local.config.resources import ResourcesConfig, parse_resources
 from det_local.config.searcher import SearcherConfig, parse_searcher
 from det_local.config.storage import CheckpointStorageConfig, parse_checkpoint_storage
@@ -120,6 +121,7 @@ class ExperimentConfig:
     internal: Any = None
     # Deprecations and ignored settings noticed while validating (not part of the config).
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    deprecations: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def entrypoint_is_legacy_trial(self) -> bool:
@@ -249,7 +251,10 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> ExperimentCon
         entrypoint=entrypoint, searcher=searcher, hyperparameters=hps, **parts, **values
     )
     _warn_deprecated(ctx, cfg)
-    return dataclasses.replace(cfg, warnings=tuple(ctx.warnings))
+    warn_ignored(ctx, cfg)
+    return dataclasses.replace(
+        cfg, warnings=tuple(ctx.warnings), deprecations=tuple(ctx.deprecations)
+    )
 
 
 def json_keys(value: Any) -> Any:
@@ -293,9 +298,11 @@ def _warn_deprecated(ctx: Ctx, cfg: ExperimentConfig) -> None:
     }
     for name, default in defaults.items():
         if getattr(cfg, name) != default:
-            ctx.warn(name, "deprecated in Determined 0.38 (used only by legacy Trial classes)")
+            ctx.deprecated(
+                name, "deprecated in Determined 0.38 (used only by legacy Trial classes)"
+            )
     if cfg.entrypoint_is_legacy_trial:
-        ctx.warn(
+        ctx.deprecated(
             "entrypoint",
             "the 'module:TrialClass' form is deprecated in Determined 0.38; it still runs "
             "(through the torch_distributed launcher)",

@@ -162,7 +162,7 @@ def parse_searcher(ctx: Ctx, raw: Any, path: str = "searcher") -> SearcherConfig
         max_length = parse_length(
             ctx, obj["max_length"], join(path, "max_length"), minimum=1, allow_bare=bare
         )
-        ctx.warn(
+        ctx.deprecated(
             join(path, "max_length"),
             "deprecated in Determined 0.38 (still honoured); the trial decides its length, "
             "or ASHA uses time_metric/max_time",

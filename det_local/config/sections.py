@@ -4,6 +4,7 @@ retention_policy, slurm, pbs, security, integrations (validated, mostly carried 
 from __future__ import annotations
 
 import copy
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -167,6 +168,14 @@ def parse_log_policies(ctx: Ctx, raw: Any, path: str = "log_policies") -> list[d
             check.as_enum(ctx, action.get("type"), join(where, "action.type"), _LOG_ACTIONS)
         elif action is not None:
             check.as_enum(ctx, action, join(where, "action"), _LOG_ACTIONS)
+        if values["pattern"] is not None:
+            try:
+                re.compile(values["pattern"])
+            except re.error as err:
+                ctx.fail(
+                    join(where, "pattern"),
+                    f"is not a valid regular expression ({err}): {values['pattern']!r}",
+                )
         if values["name"] is None and (values["pattern"] is None or action is None):
             ctx.missing(
                 join(where, "name"),

@@ -661,6 +661,11 @@ class Gangs:
             )
         if not self.fed.lend:
             raise DetLocalError("this machine does not lend slots (federation.lend: false)")
+        if self.view.node_disabled():
+            raise DetLocalError(
+                "this machine is disabled (`det-local cluster node disable`): it takes no new "
+                "work from peers"
+            )
         if command is not None:  # a command sent whole (`cmd run --anywhere`)
             self.view.check_gang_command(command, msg["user"])
         else:

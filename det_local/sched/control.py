@@ -25,14 +25,18 @@ def _control_once(paths: Paths, experiment_id: int, action: str, **fields: Any) 
 
     if not lock_free(paths):
         return str(remote_request(paths, action, {"experiment_id": experiment_id, **fields}))
-    if action == "activate":
+    if action in ("activate", "continue"):
         # no engine running: run the experiment here, in the foreground, as `det-local run` does
         def act(engine: Any) -> int:
-            print(engine.activate(experiment_id), flush=True)
+            if action == "activate":
+                print(engine.activate(experiment_id), flush=True)
+            else:  # `experiment continue` (sched/daytwo/cont.py)
+                overrides = fields.get("overrides") or {}
+                print(engine.continue_experiment(experiment_id, overrides), flush=True)
             return experiment_id
 
         def remote(p: Paths) -> int:
-            remote_request(p, "activate", {"experiment_id": experiment_id})
+            remote_request(p, action, {"experiment_id": experiment_id, **fields})
             return experiment_id
 
         code = drive(paths, act, remote, follow=True, resume=experiment_id)

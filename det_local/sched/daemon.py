@@ -197,13 +197,37 @@ def stop(paths: Paths) -> str:
     info = running_daemon(paths)
     if info is None:
         return f"no det-local daemon is running for {paths.home}"
+    process = _process(info.pid)
     remote_request(paths, "daemon_stop", {}, timeout=STOP_TIMEOUT_S)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
-        if running_daemon(paths) is None:
+        # its lock goes first, then the process: "stopped" once the process has exited
+        if running_daemon(paths) is None and not _alive(process):
             return f"det-local daemon {info.pid} stopped"
         time.sleep(0.02)
     raise DaemonError(f"det-local daemon {info.pid} did not stop in {STOP_TIMEOUT_S:.0f}s")
+
+
+def _process(pid: int) -> Any:
+    """The daemon's process (psutil, which tells a reused pid apart), or None if gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _alive(process: Any) -> bool:
+    """Still running: neither exited (a zombie has exited) nor replaced by a reused pid."""
+    import psutil
+
+    if process is None:
+        return False
+    try:
+        return bool(process.is_running()) and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def status(paths: Paths) -> dict[str, Any]:

@@ -100,6 +100,8 @@ def run_experiment(
     from det_local.config import load_config
 
     cfg = load_config(config_path)
+    for line in cfg.warnings:  # one line each, before anything runs
+        print(f"warning: {line}", file=sys.stderr)
     if anywhere:  # --anywhere: as resources.federate: true
         import dataclasses
 

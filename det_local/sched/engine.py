@@ -70,6 +70,8 @@ __all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
 
 class Engine:
+    node_name = ""  # this node's name in the cluster (set with the placer), else ""
+
     def __init__(
         self,
         paths: Paths,
@@ -115,6 +117,9 @@ class Engine:
             foreign_busy=self.settings.foreign_gpus_busy,
             our_pids=self.supervisor.our_pids,
         )
+        from det_local.sched.daytwo import drain
+
+        drain.load(self)  # slots an admin disabled stay disabled across restarts
         self.queue = JobQueue(
             self.store.jobs,
             self.store.next_trial_run,
@@ -191,6 +196,9 @@ class Engine:
         prepare_private(self.store, self.private, self.paths, self._out)
         recover(self)
         self.gc.collect_pending()  # ended experiments whose checkpoint GC did not finish
+        from det_local.sched.daytwo import retention
+
+        retention.start(self)  # retention_policy.log_retention_days, now and hourly
         self.spool.start()
         self.queue.schedule()
 
@@ -217,6 +225,23 @@ class Engine:
 
     def request_stop(self) -> None:
         self._stop_requested.set()
+
+    def continue_experiment(self, experiment_id: int, overrides: Any) -> str:
+        """`experiment continue` (sched/daytwo/cont.py)."""
+        from det_local.sched.daytwo.cont import continue_experiment
+
+        message = continue_experiment(self, experiment_id, overrides)
+        self.queue.schedule()
+        return message
+
+    def set_drain(self, target: str, disabled: bool, user: str) -> str:
+        """`slot disable|enable N` (target "slot:N") or `cluster node ...` ("node:NAME")."""
+        from det_local.sched.daytwo import drain
+
+        kind, _, what = target.partition(":")
+        if kind == "slot":
+            return drain.set_slot(self, int(what), disabled, user)
+        return drain.set_node(self, what, self.node_name or "local", disabled, user)
 
     def stop_taking_work(self) -> None:
         """An embedded engine about to stop before it is idle (`cmd run -f` interrupted):

@@ -73,9 +73,16 @@ class EngineView:
     def slots(self) -> tuple[int, int, str]:
         """(free, total, kind): this node's slots now; kind is gpu or cpu."""
         total = self._engine.inventory.size()
-        held = sum(len(j.slots) for j in self._engine.store.jobs.active() if j.state != "QUEUED")
         kind = "cpu" if self._engine.inventory.source == "cpu" else "gpu"
-        return max(total - held, 0), total, kind
+        if self.node_disabled():  # `cluster node disable`: nothing free for peers
+            return 0, total, kind
+        held = {i for j in self._engine.store.jobs.active() if j.state != "QUEUED" for i in j.slots}
+        free = set(range(total)) - held - self._engine.slots.disabled  # drained slots too
+        return len(free), total, kind
+
+    def node_disabled(self) -> bool:
+        """An admin disabled this node (`cluster node disable`): no new work from peers."""
+        return self._engine.store.drains.node()
 
     def queue_digest(self, top: int = 5) -> dict[str, Any]:
         """Queued and running counts and the first `top` queued jobs as [priority, slots]."""
@@ -162,6 +169,7 @@ class EngineView:
         """Plug the cluster's placer in (None: out); `node_id` is this node in gang keys."""
         self._engine.gangs.placer = placer
         self.node_id = node_id
+        self._engine.node_name = node_id
 
     def schedule(self) -> None:
         self._engine.queue.schedule()

@@ -173,6 +173,10 @@ class SearchProgress:
             }
         return cls(store, search)
 
+    def kind(self, trial: Any) -> str:
+        """How the trial stands or ended (the words of `_kind`)."""
+        return self._kind(trial)
+
     def _kind(self, trial: Any) -> str:
         """running, queued, paused, completed, stopped, invalid, errored or canceled."""
         state = trial.state
@@ -276,7 +280,7 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
     if len(trials) > 1:  # a search: best first, a few rows, the best trial's checkpoint
         from det_local.sched.searchsummary import search_lines
 
-        lines += search_lines(store, experiment_id, trials)
+        lines += search_lines(store, experiment_id, trials, stopped_early(store, experiment_id))
         trials = []
     for t in trials:
         lines.append(
@@ -287,18 +291,43 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
         if val is not None:
             shown = ", ".join(f"{k}={_fmt(v)}" for k, v in val.metrics.items())
             lines.append(f"    last validation (steps_completed={val.steps_completed}): {shown}")
-        ckpts = [c for c in store.list_checkpoints(trial_id=t.id) if c.state == "COMPLETED"]
+        every = store.list_checkpoints(trial_id=t.id)
+        ckpts = [c for c in every if c.state == "COMPLETED"]
         if ckpts:
             last = ckpts[-1]
             lines.append(
                 f"    checkpoints: {len(ckpts)}, latest {last.uuid} "
                 f"(steps_completed={last.steps_completed})"
             )
+        removed = sum(c.state == "DELETED" for c in every)
+        if removed:
+            lines.append(f"    {gc_note(removed, rec.config)}")
         if t.message:  # why it failed, or why it ended early (InvalidHP)
             lines.append(f"    {t.message}")
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")
     return "\n".join(lines)
+
+
+def stopped_early(store: Store, experiment_id: int) -> set[int]:
+    """The trials the searcher stopped before their full length (ASHA), as the `[search]`
+    line counts them: Determined records them as COMPLETED."""
+    trials = store.list_trials(experiment_id)
+    progress = SearchProgress.for_experiment(store, experiment_id, trials)
+    if progress is None:
+        return set()
+    return {t.id for t in trials if progress.kind(t) == "stopped"}
+
+
+def gc_note(removed: int, config: dict[str, Any]) -> str:
+    """Why fewer checkpoints are left than were saved: checkpoint GC's rule, as configured."""
+    storage = config.get("checkpoint_storage") or {}
+    keep = ", ".join(
+        f"{k} {storage.get(k, d)}"
+        for k, d in (("save_trial_latest", 1), ("save_trial_best", 0), ("save_experiment_best", 0))
+    )
+    word = "checkpoint" if removed == 1 else "checkpoints"
+    return f"{removed} older {word} removed by checkpoint GC (checkpoint_storage: {keep})"
 
 
 # ---------------------------------------------------------------------------- commands

@@ -49,6 +49,10 @@ class Controls(Protocol):
 
     def pause(self, experiment_id: int) -> str: ...
 
+    def set_drain(self, target: str, disabled: bool, user: str) -> str: ...
+
+    def continue_experiment(self, experiment_id: int, overrides: Any) -> str: ...
+
     def activate(self, experiment_id: int) -> str: ...
 
     def kill(self, experiment_id: int) -> str: ...
@@ -263,6 +267,25 @@ def slots(c: Controls, req: Request) -> dict[str, Any]:
     return engine_answer(c.inventory, jobs, c.store.usage.idle_states([j.id for j in jobs]))
 
 
+def continue_(c: Controls, req: Request) -> str:
+    """`experiment continue ID`: its owner (or an admin)."""
+    return c.continue_experiment(own_experiment(c, req), req.payload.get("overrides") or {})
+
+
+def drain(c: Controls, req: Request) -> str:
+    """`slot disable|enable N`, `cluster node disable|enable NAME`: admins only (root, the
+    daemon's user, the admin group)."""
+    if not may_change(c.settings, req, owner=""):
+        raise PermissionDenied(
+            f"permission denied: only root or a member of the {c.settings.admin_group} group "
+            "may disable or enable slots and nodes"
+        )
+    target = str(req.payload["target"])
+    if not (target.startswith("slot:") and target[5:].isdigit()) and not target.startswith("node:"):
+        raise DetLocalError(f"unknown drain target {target!r}: slot:N or node:NAME")
+    return c.set_drain(target, bool(req.payload["disabled"]), req.user)
+
+
 def daemon_stop(c: Controls, req: Request) -> str:
     if req.uid not in (0, os.geteuid()):
         raise PermissionDenied("permission denied: only root or the daemon's user may stop it")
@@ -283,6 +306,8 @@ HANDLERS: dict[str, Handler] = {
     "cmd_run": cmd_run,
     "cmd_kill": cmd_kill,
     "daemon_stop": daemon_stop,
+    "drain": drain,
+    "continue": continue_,
     "slots": slots,
     "unmanaged": unmanaged,
 }

@@ -66,6 +66,8 @@ class LocalInventory:
     ) -> None:
         self.hardware = inventory
         self.node = node
+        # drained slots (`slot disable`): what runs there finishes, nothing new is placed
+        self.disabled: set[int] = set()
         self._foreign_busy = foreign_busy
         self._our_pids = our_pids
 
@@ -91,7 +93,7 @@ class LocalInventory:
             [
                 SlotId(self.node, s.index)
                 for s in self.hardware.slots
-                if s.index not in used and s.index not in busy
+                if s.index not in used and s.index not in busy and s.index not in self.disabled
             ],
             foreign_held=bool(busy - used),
         )

@@ -43,7 +43,13 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
             cfg.entrypoint or "", context, slots_per_trial=int(cfg.resources.slots_per_trial)
         )
     except NotSupportedYet as err:  # valid for Determined, not runnable by this version yet
-        return {"config": config, "plan": None, "not_runnable": str(err)}
+        return {
+            "config": config,
+            "warnings": list(cfg.warnings),
+            "deprecations": list(cfg.deprecations),
+            "plan": None,
+            "not_runnable": str(err),
+        }
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
@@ -82,6 +88,8 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     search = plan(cfg)
     return {
         "config": config,
+        "warnings": list(cfg.warnings),
+        "deprecations": list(cfg.deprecations),
         "plan": {
             # how many trials the search creates in all (grid size, max_trials); `search` has
             # the searcher's plan (ASHA brackets and rungs, grid axes), `initial_trials` how

@@ -84,8 +84,11 @@ def _varying(per_trial: list[list[str]]) -> set[str]:
     return varying or set(seen)
 
 
-def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[str]:
-    """The summary's lines after its first (indented by two spaces)."""
+def search_lines(
+    store: Store, experiment_id: int, trials: list[Any], stopped: set[int] | None = None
+) -> list[str]:
+    """The summary's lines after its first (indented by two spaces). stopped: the trials the
+    searcher stopped early (ASHA), which Determined records as COMPLETED."""
     from det_local.tables import table, terminal_width
 
     exp = store.get_experiment(experiment_id)
@@ -94,11 +97,18 @@ def search_lines(store: Store, experiment_id: int, trials: list[Any]) -> list[st
     ranked = rank(trials, smaller)
     order = "smaller" if smaller else "larger"
     lines = [f"  {len(trials)} trials, best {shown_metric} first ({order} is better):"]
+    stopped = stopped or set()
+    if stopped:
+        n = len(stopped)
+        lines[0] = (
+            f"  {len(trials)} trials ({n} stopped early by the searcher), best {shown_metric} "
+            f"first ({order} is better):"
+        )
     varying = _varying([_hparams(t.hparams) for t in trials])
     rows = [
         [
             t.id,
-            t.state.value,
+            f"{t.state.value} (stopped early)" if t.id in stopped else t.state.value,
             t.steps_completed,
             "" if t.best_validation is None else _fmt(t.best_validation),
             " ".join(h for h in _hparams(t.hparams) if h.partition("=")[0] in varying),

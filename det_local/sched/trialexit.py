@@ -14,12 +14,14 @@ from collections import deque
 from typing import Protocol
 
 from det_local.sched.ckpt_gc import CheckpointGC
+from det_local.sched.daytwo import logpolicy
 from det_local.sched.experiments import ExperimentRun, Notes, TrialRun, set_stopping
 from det_local.sched.gangs import GangShares
 from det_local.sched.jobqueue import JobQueue
 from det_local.sched.outcome import ExitFacts, Outcome, decide, describe_exit
 from det_local.search.actions import Action
 from det_local.store.db import Store
+from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.states import State, Stopping
 
@@ -28,6 +30,7 @@ class Host(Notes, Protocol):
     """What a trial's exit needs of the engine."""
 
     store: Store
+    paths: Paths
     private: PrivateFiles
     queue: JobQueue
     gc: CheckpointGC
@@ -58,6 +61,12 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
     max_restarts = int(exp.config.max_restarts)
     lost = engine.gangs.peer_lost.pop(run.trial_id, None)
     requeues = engine.gangs.peer_requeues.get(run.trial_id, 0)
+    policy = logpolicy.on_exit(
+        engine.store,
+        engine.paths.trial_log(exp.id, run.trial_id),
+        run.trial_id,
+        exp.config.log_policies,
+    )
     outcome = decide(
         ExitFacts(
             exit_code=code,
@@ -82,6 +91,12 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
             experiment_id=exp.id,
             trial_id=run.trial_id,
             level="WARNING",
+        )
+    why_not_restarted = ""
+    if outcome == Outcome.RESTART and policy is not None:
+        outcome = Outcome.ERROR
+        why_not_restarted = (
+            f"; not restarted: its output matched log policy {policy.name!r} ({policy.action})"
         )
     rid = run.request_id
     tid = run.trial_id
@@ -127,6 +142,7 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
                 if trial.restarts
                 else ""
             )
+            + why_not_restarted
             + f"; see `det-local trial logs {tid}`"
         )
         engine.store.set_trial_state(tid, State.ERROR, msg)

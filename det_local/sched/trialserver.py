@@ -227,6 +227,11 @@ class TrialServer:
             while True:
                 msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large)
                 if not self.sessions.is_live(run):
+                    if msg.get("t") == "bye":  # a goodbye after its run ended (core_v2's
+                        # close: `end`, then bye): nothing refused, nothing to log
+                        if "id" in msg:
+                            send(writer, {"t": "reply", "id": msg["id"], "value": None})
+                        return
                     why = f"run {run.run_id} of trial {run.trial_id} has ended; closed"
                     self.refuse(uid, run, kind_of(msg), why)
                     if "id" in msg:

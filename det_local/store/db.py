@@ -16,7 +16,16 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts, usage
+from det_local.store import (
+    checkpoint_table,
+    drains,
+    experiments,
+    logpolicies,
+    metrics,
+    trials,
+    trialstarts,
+    usage,
+)
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
@@ -38,6 +47,8 @@ SCHEMA = (
     + metrics.SCHEMA
     + trialstarts.SCHEMA
     + usage.SCHEMA
+    + drains.SCHEMA
+    + logpolicies.SCHEMA
 )
 
 
@@ -146,6 +157,8 @@ class Store:
 
         # allocations, system samples, idle reservations (issue 30)
         self.usage = UsageTable(self.db)
+        self.drains = drains.DrainTable(self.conn)
+        self.log_policies = logpolicies.LogPolicyTable(self.conn)
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -87,9 +87,11 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     ),
     _S.STOPPING_CANCELED: frozenset({_S.CANCELED, _S.ERROR}),
     _S.STOPPING_ERROR: frozenset({_S.ERROR}),
-    _S.COMPLETED: frozenset(),
-    _S.CANCELED: frozenset(),
-    _S.ERROR: frozenset(),
+    # ended for good, but for `experiment continue` (a single-trial experiment, and its trial,
+    # trained further from the latest checkpoint: sched/daytwo/cont.py)
+    _S.COMPLETED: frozenset({_S.ACTIVE}),
+    _S.CANCELED: frozenset({_S.ACTIVE}),
+    _S.ERROR: frozenset({_S.ACTIVE}),
 }
 
 
