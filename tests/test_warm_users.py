@@ -341,7 +341,7 @@ ATTACKS = {
     "daemon": "it answered pid {daemon}, which is not a trial it forked: its parent is",
     "victim": "it answered pid {victim}, which is not a trial it forked: its parent is",
     "self": "it answered pid ",
-    "garbage": "it answered garbage (frame is not valid msgpack",
+    "garbage": "it answered garbage (frame refused: message has 4 bytes after its value",
     "silent": "it did not answer in time",
     "impostor": "its socket is served by pid ",
     "symlink": "is not a socket (a symbolic link or another file)",

@@ -68,7 +68,7 @@ def test_a_16_mib_session_frame_of_empty_maps() -> None:
 
 def test_4_gib_length_prefixes() -> None:
     assert refused(b"\xdb\xff\xff\xff\xff" + b"a" * 64) == (
-        "a string of 4,294,967,295 bytes is over the limit of 1,048,576 (at byte 0)"
+        "a string of 4,294,967,295 bytes is over the limit of 4,194,304 (at byte 0)"
     )
     assert refused(b"\xdd\xff\xff\xff\xff") == (
         "an array of 4,294,967,295 items is over the limit of 50,000 (at byte 0)"
@@ -80,11 +80,12 @@ def test_4_gib_length_prefixes() -> None:
 
 def test_str_bin_ext_bombs() -> None:
     # within the message size, over the per-value limit
-    assert refused(b"\xdb" + struct.pack(">I", 2 * MIB) + b"x" * (2 * MIB)) == (
-        "a string of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
+    five = 5 * MIB
+    assert refused(b"\xdb" + struct.pack(">I", five) + b"x" * five, TRIAL_SESSION) == (
+        "a string of 5,242,880 bytes is over the limit of 4,194,304 (at byte 0)"
     )
-    assert refused(b"\xc6" + struct.pack(">I", 2 * MIB) + b"x" * (2 * MIB)) == (
-        "a binary of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
+    assert refused(b"\xc6" + struct.pack(">I", five) + b"x" * five, TRIAL_SESSION) == (
+        "a binary of 5,242,880 bytes is over the limit of 4,194,304 (at byte 0)"
     )
     assert refused(b"\xc9\xff\xff\xff\xff\x01") == (
         "an extension value of 4,294,967,295 bytes is over the limit of 0 (at byte 0)"

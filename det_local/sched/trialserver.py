@@ -20,8 +20,11 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   uid has at most ``PENDING_PER_UID`` connections waiting for hello and ``SESSIONS_PER_UID``
   sessions; a session frame is at most ``rpc.SESSION_MAX_FRAME`` bytes, and a uid reads at most
   ``LARGE_READS_PER_UID`` frames over ``LARGE_FRAME`` bytes at a time (the others wait, unread, in
-  their sockets); frames are decoded one at a time on the event loop; replies wait for the client
-  to read (drain) and a client whose unread replies pile up past ``WRITE_MAX`` is dropped.
+  their sockets); every frame is decoded within its budget (``wire/budget.py``: TRIAL_HELLO,
+  TRIAL_SESSION), found over it before anything is built (one line back to the sender, one
+  rate-limited line in the log), and a frame over ``LARGE_FRAME`` is decoded off the event loop;
+  replies wait for the client to read (drain) and a client whose unread replies pile up past
+  ``WRITE_MAX`` is dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from det_local import rpc
 from det_local.errors import DetLocalError
 from det_local.sched.users import user_name
+from det_local.wire.budget import TRIAL_HELLO, TRIAL_SESSION, Budget
 
 if TYPE_CHECKING:
     from det_local.sched.experiments import TrialRun
@@ -109,17 +113,21 @@ class FrameTooLarge(Exception):
 
 
 async def _read_frame(
-    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None
+    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None, budget: Budget
 ) -> dict[str, Any]:
+    """One frame, decoded within `budget` (rpc.FrameError naming the limit otherwise). A large
+    frame is read while holding one of its uid's large-read slots and decoded off the event
+    loop (a refused one costs milliseconds either way: wire/budget.py stops at the limit)."""
     (size,) = rpc.HEADER.unpack(await reader.readexactly(rpc.HEADER.size))
     if size > limit:
         raise FrameTooLarge(size, limit)
     if large is not None and size > LARGE_FRAME:
         async with large:
             body = await reader.readexactly(size)
-    else:
-        body = await reader.readexactly(size)
-    return rpc.unpack(body)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, rpc.unpack, body, budget)
+    body = await reader.readexactly(size)
+    return rpc.unpack(body, budget)
 
 
 class Sessions(Protocol):
@@ -197,7 +205,8 @@ class TrialServer:
         try:
             try:
                 msg = await asyncio.wait_for(
-                    _read_frame(reader, rpc.HELLO_MAX_FRAME, None), rpc.HELLO_TIMEOUT
+                    _read_frame(reader, rpc.HELLO_MAX_FRAME, None, TRIAL_HELLO),
+                    rpc.HELLO_TIMEOUT,
                 )
             except asyncio.TimeoutError:
                 self.refuse(
@@ -225,7 +234,7 @@ class TrialServer:
             st.sessions[uid] += 1
             large = st.large(uid)
             while True:
-                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large)
+                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION)
                 if not self.sessions.is_live(run):
                     why = f"run {run.run_id} of trial {run.trial_id} has ended; closed"
                     self.refuse(uid, run, kind_of(msg), why)
@@ -244,7 +253,13 @@ class TrialServer:
                     f"a frame of {err.size} bytes (the limit is {err.limit}); closed",
                 )
         except rpc.FrameError as err:
-            self.refuse(uid, run, "frame", f"{err}; closed")
+            why = f"{err}; closed"
+            self.refuse(uid, run, "frame", why)
+            # one line to the sender (a trial prints it), before the connection closes
+            send(
+                writer,
+                {"t": "hello", "error": why} if run is None else {"t": "refused", "error": why},
+            )
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

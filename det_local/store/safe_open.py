@@ -21,7 +21,7 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os
 
 class UnsafeFile(DetLocalError):
     """A file in a user-writable place that the daemon refuses to read. ``reason``: symlink,
-    not_regular, owner, size or open."""
+    not_regular, owner, size, open or (read_bounded_in) outside."""
 
     def __init__(self, message: str, reason: str = "open") -> None:
         super().__init__(message)
@@ -92,5 +92,89 @@ def read_bounded_stat(
                 f"{what} {shown} grew past the {max_bytes}-byte limit while read", "size"
             )
         return data, st
+    finally:
+        os.close(fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def read_bounded_in(
+    root: str | os.PathLike[str],
+    rel: str,
+    max_bytes: int,
+    *,
+    owner: int | None = None,
+    what: str = "file",
+) -> bytes:
+    """``read_bounded`` of ``rel`` inside the directory ``root``, where the tree may be another
+    user's (a context snapshot their trials run from): ``rel`` must be relative and stay inside
+    (no ``..``); every directory on the way is opened relative to the one before it without
+    following a symlink, so nothing the user swaps in leads outside ``root``. ``owner``: the
+    file must be that uid's, strictly (root's own files are not read for a user). UnsafeFile
+    (one line; ``reason``: outside, symlink, not_regular, owner, size, open) otherwise;
+    FileNotFoundError, unchanged, when it (or a directory on the way) does not exist."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or not parts or ".." in parts:
+        raise UnsafeFile(f"{what} {rel} is not a path inside {root}", "outside")
+    try:
+        dirfd = os.open(root, _DIR_FLAGS)
+    except OSError as err:
+        raise UnsafeFile(f"{what} {rel}: cannot open {root}: {err.strerror}", "open") from None
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                nextfd = os.open(part, _DIR_FLAGS, dir_fd=dirfd)
+            except OSError as err:
+                if isinstance(err, FileNotFoundError):
+                    raise
+                where = "/".join(parts[: i + 1])
+                if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeFile(
+                        f"{what} {rel}: {where} is not a directory of {root} (a symbolic link "
+                        "or a file); refusing to follow it",
+                        "symlink",
+                    ) from None
+                raise UnsafeFile(f"{what} {rel}: cannot open {where}: {err.strerror}") from None
+            os.close(dirfd)
+            dirfd = nextfd
+        try:
+            fd = os.open(parts[-1], _FLAGS, dir_fd=dirfd)
+        except OSError as err:
+            if isinstance(err, FileNotFoundError):
+                raise
+            if err.errno == errno.ELOOP:
+                raise UnsafeFile(
+                    f"{what} {rel} is a symbolic link; refusing to follow it", "symlink"
+                ) from None
+            raise UnsafeFile(f"{what} {rel} cannot be opened: {err.strerror}", "open") from None
+    finally:
+        os.close(dirfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(
+                f"{what} {rel} is not a regular file; refusing to read it", "not_regular"
+            )
+        if owner is not None and st.st_uid != owner:
+            raise UnsafeFile(
+                f"{what} {rel} is owned by uid {st.st_uid}, not by uid {owner}; refusing it",
+                "owner",
+            )
+        if st.st_size > max_bytes:
+            raise UnsafeFile(
+                f"{what} {rel} is {st.st_size} bytes, over the {max_bytes}-byte limit", "size"
+            )
+        data = os.read(fd, max_bytes + 1)  # one more: a file that grew meanwhile is caught
+        while len(data) <= max_bytes:
+            more = os.read(fd, max_bytes + 1 - len(data))
+            if not more:
+                break
+            data += more
+        if len(data) > max_bytes:
+            raise UnsafeFile(
+                f"{what} {rel} grew past the {max_bytes}-byte limit while read", "size"
+            )
+        return data
     finally:
         os.close(fd)

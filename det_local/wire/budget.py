@@ -68,10 +68,12 @@ class Refused(Exception):
 
 # A spool request: an experiment config (<= 1 MiB, 64 levels: config/limits.py) with its
 # submission's metadata, or a control request (ids, a few fields).
+# A string may be as long as the request (one costs no more than its bytes): a config too big
+# is then named by the config's own check (config/limits.py), which says what to do.
 SPOOL_REQUEST = Budget(
     max_bytes=4 * 1024 * 1024,
-    max_str=1024 * 1024,
-    max_bin=1024 * 1024,
+    max_str=4 * 1024 * 1024,
+    max_bin=4 * 1024 * 1024,
     max_array=50_000,
     max_map=50_000,
     max_ext=0,
