@@ -49,9 +49,12 @@ class _Writer:
         self.dropped = 0
         self.progress = time.monotonic()
         self.thread: threading.Thread | None = None
+        # set at exit, once what was queued is written: the interpreter's last flush of
+        # sys.stdout comes when the writer thread can no longer run (and may hold the lock)
+        self.final = False
 
     def put(self, data: bytes) -> None:
-        if not data:
+        if not data or self.final:
             return
         with self.cond:
             if self.closed:
@@ -74,6 +77,8 @@ class _Writer:
                 self.queued += len(note)
                 self.dropped = 0
             self.overflowing = False
+            if not self.chunks:  # the reader's idle time counts from now
+                self.progress = time.monotonic()
             self.chunks.append(data)
             self.queued += len(data)
             if self.thread is None:
@@ -81,6 +86,14 @@ class _Writer:
                 self.thread.daemon = True
                 self.thread.start()
             self.cond.notify_all()
+
+    def after_fork(self) -> None:
+        """In a forked child: no writer thread was inherited; start afresh (what the parent
+        had queued is the parent's to write)."""
+        self.cond = threading.Condition()
+        self.chunks = deque()
+        self.queued = 0
+        self.thread = None
 
     def _run(self) -> None:
         while True:
@@ -108,6 +121,8 @@ class _Writer:
                 self.cond.notify_all()
 
     def drain(self, wait_s: float) -> None:
+        if self.final:
+            return
         with self.cond:
             if not self.overflowing:
                 self.cond.wait_for(lambda: not self.chunks, wait_s)
@@ -201,9 +216,16 @@ def install() -> None:
         setattr(sys, name, GuardedStream(stream, writer))
     if _installed:
         atexit.register(_at_exit)
+        os.register_at_fork(after_in_child=_after_fork)
+
+
+def _after_fork() -> None:
+    for writer in _installed:
+        writer.after_fork()
 
 
 def _at_exit() -> None:
     for writer in _installed:
         with contextlib.suppress(Exception):
             writer.drain_at_exit()
+        writer.final = True
