@@ -36,7 +36,7 @@ def refused(data: bytes, budget: Budget = SPOOL_REQUEST) -> str:
 def test_nested_empty_maps_refused_at_the_depth_limit() -> None:
     # {"": {"": {... {}}}}: 4 MiB of it, the bomb that froze the daemon
     bomb = b"\x81\xa0" * (2 * MIB - 1) + b"\x80"
-    assert refused(bomb) == "message nests deeper than 100 levels (at byte 199)"
+    assert refused(bomb) == "message nests deeper than 100 levels (at byte 201)"
 
 
 def test_nested_empty_arrays_refused_at_the_depth_limit() -> None:

@@ -246,12 +246,9 @@ class TrialServer:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
             if run is not None:
-                self.refuse(
-                    uid,
-                    run,
-                    "frame",
-                    f"a frame of {err.size} bytes (the limit is {err.limit}); closed",
-                )
+                why = f"a frame of {err.size} bytes (the limit is {err.limit}); closed"
+                self.refuse(uid, run, "frame", why)
+                send(writer, {"t": "refused", "error": why})
         except rpc.FrameError as err:
             why = f"{err}; closed"
             self.refuse(uid, run, "frame", why)

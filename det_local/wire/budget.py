@@ -219,7 +219,7 @@ _EXT_FIXED = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
 _UINT = {1: struct.Struct(">B"), 2: struct.Struct(">H"), 4: struct.Struct(">I")}
 
 # runs of one-byte values, skipped in C: scalars only, or scalars and empty maps/arrays/strings
-_SCALARS = re.compile(rb"[\x00-\x7f\xc0\xc2\xc3\xe0-\xff]+")
+_SCALARS = re.compile(rb"[\x00-\x7f\xa0\xc0\xc2\xc3\xe0-\xff]+")
 _ONE_BYTE = re.compile(rb"[\x00-\x80\x90\xa0\xc0\xc2\xc3\xe0-\xff]+")
 
 
@@ -324,7 +324,8 @@ def scan(data: bytes | bytearray | memoryview, budget: Budget) -> int:
             objects += 1
             remaining -= 1
         elif kind == _ATOM or lead == 0x80 or lead == 0x90 or lead == 0xA0:
-            # a run of one-byte values (empty containers count as a level of nesting)
+            # a run of one-byte values (an empty map or array counts as a level of nesting;
+            # an empty string does not)
             run = (_ONE_BYTE if depth < max_depth else _SCALARS).match(buf, pos)
             if run is None:  # an empty container one level too deep
                 raise _too_deep(max_depth, pos)
