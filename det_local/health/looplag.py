@@ -9,7 +9,7 @@ the probe started is kept too. Once a second the probe writes them to ``run/loop
 
     {"max": worst lag in the window, "p99": its 99th percentile, "window_s": 60,
      "samples": samples in the window, "max_since_start": worst since the probe started,
-     "at": when written (unix time)}
+     "max_1s": worst in the second before it was written, "at": when written (unix time)}
 
 All in milliseconds except ``window_s``, ``samples`` and ``at``. A stalled loop writes nothing
 while stalled: ``at`` falls behind, which `status` shows as ``stale_s``.
@@ -41,11 +41,14 @@ class LoopLag:
         self.samples: deque[tuple[float, float]] = deque()  # (when, lag in s)
         self.window_s = window_s
         self.max_since_start = 0.0
+        self.max_recent = 0.0  # since the last write
 
     def add(self, now: float, lag: float) -> None:
         self.samples.append((now, lag))
         if lag > self.max_since_start:
             self.max_since_start = lag
+        if lag > self.max_recent:
+            self.max_recent = lag
         cutoff = now - self.window_s
         while self.samples and self.samples[0][0] < cutoff:
             self.samples.popleft()
@@ -59,6 +62,7 @@ class LoopLag:
             "window_s": self.window_s,
             "samples": len(lags),
             "max_since_start": round(self.max_since_start * 1000, 1),
+            "max_1s": round(self.max_recent * 1000, 1),
             "at": round(time.time(), 3),
         }
 
@@ -82,6 +86,7 @@ class LoopLag:
             if now >= next_write:
                 next_write = now + WRITE_S
                 self.write()
+                self.max_recent = 0.0
 
     def remove(self) -> None:
         with contextlib.suppress(OSError):

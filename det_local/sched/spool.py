@@ -23,7 +23,7 @@ import msgpack
 from det_local.errors import DetLocalError
 from det_local.store.paths import Paths
 from det_local.store.safe_open import UnsafeFile, read_bounded_stat
-from det_local.wire.budget import SPOOL_ANSWER, SPOOL_REQUEST, Refused, decode
+from det_local.wire.budget import SPOOL_ANSWER, SPOOL_REQUEST, Refused, decode, scan
 
 SUFFIX = ".req"
 RESPONSE_SUFFIX = ".resp"
@@ -211,6 +211,10 @@ def pending(paths: Paths) -> list[Path]:
     return [paths.queue / n for n in names]
 
 
+def _look(head: bytes, size: int) -> None:
+    scan(head, SPOOL_REQUEST, total=size)
+
+
 def read(path: Path) -> Request:
     """Parse a request file; SpoolError (one line, naming the file) when it is unusable.
 
@@ -219,9 +223,15 @@ def read(path: Path) -> Request:
     at most MAX_REQUEST_BYTES) and read, and its owner is who made the request."""
     req_id = path.name[: -len(SUFFIX)]
     try:
-        data, st = read_bounded_stat(path, MAX_REQUEST_BYTES, what="request", name=path.name)
+        data, st = read_bounded_stat(
+            path, MAX_REQUEST_BYTES, what="request", name=path.name, check_prefix=_look
+        )
     except FileNotFoundError:
         raise SpoolError(f"request {path.name} vanished before it was read") from None
+    except Refused as err:  # its first bytes already show a bomb: the rest is never read
+        raise SpoolError(
+            f"request {path.name} refused: {err}; submit it with the det-local CLI"
+        ) from None
     except UnsafeFile as err:
         if err.reason == "symlink":
             raise SpoolError(

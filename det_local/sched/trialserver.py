@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from det_local import rpc
 from det_local.errors import DetLocalError
 from det_local.sched.users import user_name
+from det_local.wire import budget as wire
 from det_local.wire.budget import TRIAL_HELLO, TRIAL_SESSION, Budget
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ PENDING_PER_UID = 16  # connections of one uid that have not said hello yet
 SESSIONS_PER_UID = 512  # authenticated connections of one uid (16-rank trials, many of them)
 LARGE_FRAME = 256 * 1024  # frames over this many bytes ...
 LARGE_READS_PER_UID = 2  # ... are read this many at a time per uid
+PEEK_BYTES = 64 * 1024  # of a large frame, checked against its budget before the rest is read
 WRITE_HIGH_WATER = 256 * 1024  # unread reply bytes after which a session waits for its client
 WRITE_MAX = 8 * 1024 * 1024  # unread reply bytes after which a client is dropped
 NOTES_PER_MINUTE = 20  # refusals logged per uid, kind and minute (the rest are counted)
@@ -123,7 +125,13 @@ async def _read_frame(
         raise FrameTooLarge(size, limit)
     if large is not None and size > LARGE_FRAME:
         async with large:
-            body = await reader.readexactly(size)
+            # its first bytes first: a bomb shows itself there, and the rest is never read
+            head = await reader.readexactly(PEEK_BYTES)
+            try:
+                wire.scan(head, budget, total=size)
+            except wire.Refused as err:
+                raise rpc.FrameError(f"frame refused: {err}") from None
+            body = head + await reader.readexactly(size - PEEK_BYTES)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(None, rpc.unpack, body, budget)
     body = await reader.readexactly(size)

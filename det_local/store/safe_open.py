@@ -12,10 +12,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from det_local.errors import DetLocalError
 
+PREFIX_BYTES = 64 * 1024  # what read_bounded_stat's check_prefix sees
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
@@ -47,11 +49,13 @@ def read_bounded_stat(
     owner: int | None = None,
     what: str = "file",
     name: str | None = None,
+    check_prefix: Callable[[bytes, int], None] | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """``read_bounded``, with the fstat of the descriptor that was read: who owns what was
     read comes from the same descriptor, never from a second look at the name (which another
     user may have swapped meanwhile). ``name`` is how messages name the file (its path when
-    not given). ``UnsafeFile.reason`` says why a file was refused."""
+    not given). ``UnsafeFile.reason`` says why a file was refused. ``check_prefix(head, size)``:
+    called with the first PREFIX_BYTES of a larger file before the rest is read."""
     shown = Path(path) if name is None else name
     try:
         fd = os.open(path, _FLAGS)
@@ -80,6 +84,13 @@ def read_bounded_stat(
             )
         chunks: list[bytes] = []
         left = max_bytes + 1  # one more than allowed: a file that grew meanwhile is caught
+        if check_prefix is not None and st.st_size > PREFIX_BYTES:
+            # a look at the start first (a decoding bomb shows itself there): whatever it
+            # raises ends the read before the rest is read
+            head = os.read(fd, PREFIX_BYTES)
+            check_prefix(head, st.st_size)
+            chunks.append(head)
+            left -= len(head)
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 16))
             if not chunk:

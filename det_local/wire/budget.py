@@ -247,6 +247,8 @@ def _header(
     else:
         if pos + 1 + arg > size:
             raise Refused(f"message is truncated at byte {_n(start)} (a length)")
+        if pos + 1 + arg > len(buf):
+            raise _Short  # a prefix (scan's total): the rest decides
         (length,) = _UINT[arg].unpack_from(buf, pos + 1)
         pos += 1 + arg
     if kind in (_STR, _BIN):
@@ -296,15 +298,39 @@ def _header(
     return pos, count
 
 
-def scan(data: bytes | bytearray | memoryview, budget: Budget) -> int:
+class _Short(Exception):
+    """The scan of a prefix reached its end."""
+
+
+def scan(data: bytes | bytearray | memoryview, budget: Budget, total: int | None = None) -> int:
     """Check ``data`` against ``budget`` without building anything; the number of objects it
-    holds. Refused at the first thing over budget (or not msgpack)."""
-    size = len(data)
+    holds. Refused at the first thing over budget (or not msgpack).
+
+    ``total``: ``data`` is the first bytes of a message of that many bytes: what the prefix
+    shows is checked (a bomb is refused before the rest is even read), and the scan stops
+    quietly where the prefix ends (and returns -1)."""
+    have = len(data)
+    size = have if total is None else total
     if size > budget.max_bytes:
         raise Refused(f"message of {_n(size)} bytes is over the limit of {_n(budget.max_bytes)}")
     if size == 0:
         raise Refused("empty message")
     buf = bytes(data) if not isinstance(data, bytes) else data
+    try:
+        pos, objects = _walk(buf, budget, size)
+    except _Short:
+        return -1
+    if pos > size:
+        raise Refused(f"message is truncated: its last value runs past its end ({_n(size)} bytes)")
+    if pos != size:
+        raise Refused(f"message has {_n(size - pos)} bytes after its value (at byte {_n(pos)})")
+    return objects
+
+
+def _walk(buf: bytes, budget: Budget, size: int) -> tuple[int, int]:
+    """The scan itself: (where the value ends, how many values it holds). _Short where a
+    prefix of the message ends."""
+    have = len(buf)
     max_depth = budget.max_depth
     max_objects = budget.max_objects
     kinds = _KIND
@@ -315,7 +341,9 @@ def scan(data: bytes | bytearray | memoryview, budget: Budget) -> int:
     objects = 0
     pos = 0
     while remaining:
-        if pos >= size:
+        if pos >= have:
+            if have < size:
+                raise _Short
             raise Refused(f"message is truncated at byte {_n(pos)} (a value is missing)")
         lead = buf[pos]
         kind = kinds[lead]
@@ -355,11 +383,7 @@ def scan(data: bytes | bytearray | memoryview, budget: Budget) -> int:
         while not remaining and depth:
             remaining = stack.pop()
             depth -= 1
-    if pos > size:
-        raise Refused(f"message is truncated: its last value runs past its end ({_n(size)} bytes)")
-    if pos != size:
-        raise Refused(f"message has {_n(size - pos)} bytes after its value (at byte {_n(pos)})")
-    return objects
+    return pos, objects
 
 
 def decode(data: bytes, budget: Budget) -> Any:
