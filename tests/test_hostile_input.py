@@ -369,3 +369,35 @@ def test_the_import_scan_reads_only_the_snapshots_own_regular_files(tmp_path: Pa
     assert _cold(ctx, "train.py", uid=12345) == (
         "script train.py is owned by uid 0, not by uid 12345; refusing it" + SAID
     )
+
+
+def test_a_snapshot_file_swapped_after_the_walk_is_not_shipped(tmp_path: Path) -> None:
+    """The root daemon packs a user's snapshot for a peer: a file swapped for a link (to a
+    root-only file), a FIFO or a bigger file after the tree was listed is refused, not read."""
+    import io
+    import tarfile
+
+    from det_local.errors import ContextError
+    from det_local.federate import blobs
+
+    root = tmp_path / "snap"
+    root.mkdir()
+    for name in ("a.py", "b.py", "c.py"):
+        (root / name).write_text("x = 1\n")
+    entries = {e.rel: e for e in blobs._tree(root, 100)}
+    (root / "a.py").unlink()
+    (root / "a.py").symlink_to("/etc/shadow")
+    (root / "b.py").unlink()
+    os.mkfifo(root / "b.py")
+    (root / "c.py").write_text("x = 1\n" * 1000)
+    with tarfile.TarFile(fileobj=io.BytesIO(), mode="w") as tar:
+        for name in ("a.py", "b.py", "c.py"):
+            t0 = time.monotonic()
+            with pytest.raises(ContextError) as err:
+                blobs._add(tar, root, entries[name])
+            assert time.monotonic() - t0 < 2.0  # the FIFO never blocks
+            assert name in str(err.value)
+    assert str(err.value) == (
+        f"context snapshot {root}: c.py changed while it was packed (no longer the regular "
+        "file of the tree); submit the experiment again"
+    )
