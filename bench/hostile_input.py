@@ -22,8 +22,12 @@ max_1s, the worst lag of each second).
 
 Targets: spool: <= 50 ms of daemon CPU per refused request, RSS growth <= 50 MB, VICTOR
 answered <= 1 s, loop stall <= 100 ms; frame: RSS growth <= 100 MB, VICTOR answered <= 1 s.
-Not measured here: federation heartbeats during the flood (bench/federation.py's two
-namespaced nodes). The last line printed is one JSON object.
+  federation: two federated daemons in network namespaces (tests/fednet.py, as
+           bench/federation.py does); node 1's spool gets the same N bombs (as root) while
+           each node's view of the other (last_seen_s: the gap since it last heard it, and its
+           state) is polled every 50 ms; 3 s quiet first, as the anchor. Target: no gap over
+           1.5 s, never suspect. Skipped with --no-federation.
+The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -304,12 +308,93 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
     raise SystemExit("MALLORY's trial did not start")
 
 
+def federation_phase(n: int) -> dict[str, Any]:
+    """Two federated daemons in network namespaces (tests/fednet.py, as bench/federation.py);
+    node 1's spool gets N bombs while the gap since each node last heard the other (their
+    `peers` rows' last_seen_s) and their states are polled every 50 ms."""
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo / "tests"))
+    from fednet import Net, sweep
+
+    from det_local.federate import keys
+    from det_local.federate.client import request
+    from det_local.store.paths import Paths
+
+    def rows(home: Path) -> dict[str, dict[str, Any]]:
+        try:
+            view = request(Paths(home), {"t": "peers"}, timeout=5)
+        except Exception:  # noqa: BLE001 - an unanswered poll is a sample too
+            return {}
+        return {r["id"]: r for r in view.get("peers", [])}
+
+    sweep()
+    key = keys.new_key()
+    with tempfile.TemporaryDirectory() as tmp, Net(Path(tmp)) as net:
+        n1, n2 = net.node(1, key), net.node(2, key)
+        for node in (n1, n2):
+            node.start(DET_LOCAL_FED_INTERFACES="eth0")
+        deadline = time.monotonic() + 60
+        while not (
+            rows(n1.home).get("n2", {}).get("state") == "alive"
+            and rows(n2.home).get("n1", {}).get("state") == "alive"
+        ):
+            if time.monotonic() > deadline:
+                raise SystemExit("the two nodes did not see each other alive within 60 s")
+            time.sleep(0.1)
+        samples: list[tuple[float, str, float, str]] = []
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                for me, other, home in (("n1", "n2", n1.home), ("n2", "n1", n2.home)):
+                    row = rows(home).get(other)
+                    if row is not None:
+                        samples.append((time.time(), me, float(row["last_seen_s"]), row["state"]))
+                time.sleep(0.05)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        time.sleep(3.0)
+        quiet_end = time.time()
+        queue = Paths(n1.home).queue
+        answers = queue / "responses"
+        names = []
+        for i in range(n):
+            req_id = f"{time.time_ns():020d}-{os.getpid()}-bomb{i}"
+            tmp_req = queue / f".{req_id}.tmp"
+            tmp_req.write_bytes(SPOOL_BOMB)
+            os.rename(tmp_req, queue / f"{req_id}.req")
+            names.append(f"{req_id}.resp")
+        deadline = time.monotonic() + 120
+        while not all((answers / name).exists() for name in names):
+            if time.monotonic() > deadline:
+                raise SystemExit("node 1 did not answer the flood within 120 s")
+            time.sleep(0.02)
+        time.sleep(2.0)  # what the flood left behind
+        stop.set()
+        poller.join()
+    quiet = [x for x in samples if x[0] <= quiet_end]
+    flood = [x for x in samples if x[0] > quiet_end]
+
+    def figures(xs: list[tuple[float, str, float, str]]) -> dict[str, Any]:
+        return {
+            "max_gap_s": round(max((x[2] for x in xs), default=0.0), 2),
+            "not_alive": sum(1 for x in xs if x[3] != "alive"),
+            "samples": len(xs),
+        }
+
+    return {"quiet": figures(quiet), "flood": figures(flood)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--quiet-s", type=float, default=5.0)
     ap.add_argument("--keep", action="store_true", help="Keep the home (its daemon.log).")
+    ap.add_argument(
+        "--no-federation", action="store_true", help="Skip the two-node heartbeat phase."
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the bench makes two users and a root daemon")
@@ -369,6 +454,8 @@ def main() -> None:
             result["kept"] = base
         else:
             shutil.rmtree(base, ignore_errors=True)
+    if not args.no_federation:
+        result["federation"] = federation_phase(args.requests)
     s, f = result["spool"], result["frame"]
     worst = lambda d: max(x for x in (d["list_max_ms"], d["submit_max_ms"]) if x is not None)  # noqa: E731
     result["targets"] = {
@@ -379,6 +466,10 @@ def main() -> None:
         "frame_rss_growth_mb<=100": f["rss_growth_peak_mb"] <= 100,
         "frame_others_answered_ms<=1000": worst(f) <= 1000 and f["failed"] == 0,
     }
+    if "federation" in result:
+        fed = result["federation"]["flood"]
+        result["targets"]["federation_gap_s<=1.5"] = fed["max_gap_s"] <= 1.5
+        result["targets"]["federation_never_suspect"] = fed["not_alive"] == 0
     print(json.dumps(result))
 
 
