@@ -147,3 +147,22 @@ def test_legitimate_messages_decode_as_msgpack_would() -> None:
     # float32 is read as msgpack reads it
     f32 = b"\xca" + struct.pack(">f", 1.5)
     assert decode(f32, TRIAL_SESSION) == 1.5
+
+
+def test_a_prefix_shows_a_bomb_before_the_rest_is_read() -> None:
+    bomb = b"\x81\xa0" * (2 * MIB - 1) + b"\x80"
+    with pytest.raises(Refused) as info:
+        scan(bomb[:65536], SPOOL_REQUEST, total=len(bomb))
+    assert str(info.value) == "message nests deeper than 100 levels (at byte 201)"
+    huge = b"\xdb\xff\xff\xff\xff" + b"x" * 100_000
+    with pytest.raises(Refused, match="a string of 4,294,967,295 bytes is over the limit"):
+        scan(huge[:65536], SPOOL_REQUEST, total=len(huge))
+    # the claimed total is what must hold: over the message limit, or a count that cannot fit
+    with pytest.raises(Refused, match="message of 5,242,880 bytes is over the limit"):
+        scan(b"\x90", SPOOL_REQUEST, total=5 * MIB)
+    with pytest.raises(Refused, match="an array of 40,000 at byte 0 cannot fit in its 1,000"):
+        scan(b"\xdc\x9c\x40" + b"\x00" * 100, SPOOL_REQUEST, total=1000)
+    # a legitimate message's prefix: nothing to say yet (-1), and the whole decodes
+    good = msgpack.packb({"config": {"a": "b" * 100_000, "c": list(range(1000))}})
+    assert scan(good[:65536], SPOOL_REQUEST, total=len(good)) == -1
+    assert decode(good, SPOOL_REQUEST) == msgpack.unpackb(good)
