@@ -363,11 +363,15 @@ def test_the_import_scan_reads_only_the_snapshots_own_regular_files(tmp_path: Pa
         _cold(ctx, "train.py")
         == "module helper.py is a symbolic link; refusing to follow it" + SAID
     )
-    # a root daemon reads only the trial user's own files (a root-only file hard-linked in)
+    # a root daemon reads only what the trial's user could: their own files or world-readable
+    # ones (not a root-only file hard-linked in)
     (ctx / "helper.py").unlink()
     (ctx / "helper.py").write_text("import yaml\n")
+    assert isinstance(warm_spec(_plan(ctx, "train.py", uid=12345)), WarmSpec)
+    os.chmod(ctx / "train.py", 0o600)
     assert _cold(ctx, "train.py", uid=12345) == (
-        "script train.py is owned by uid 0, not by uid 12345; refusing it" + SAID
+        "script train.py is owned by uid 0, not by uid 12345, and others may not read it; "
+        "refusing it" + SAID
     )
 
 

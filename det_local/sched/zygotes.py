@@ -40,11 +40,11 @@ on (at most :data:`MAX_OWN_FILES` files): a script whose ``import torch`` sits i
 ``model_def.py`` gets torch preloaded. Plus ``determined``, plus ``DET_LOCAL_PRELOAD``
 (comma-separated) from the experiment's environment variables. Imports inside functions or
 ``if`` blocks, and relative imports, are left to the trial. The daemon (root, for a lab) reads
-these files itself, so it reads only regular files of the trial's user inside the context
-snapshot, at most :data:`MAX_SOURCE_BYTES` each, opened without following a symlink at any step
-(`store/safe_open.read_bounded_in`): a script outside the snapshot (an absolute path, ``..``), a
-symlink, a FIFO, a device or a huge (or sparse) file means a cold start, and the reason is said
-once.
+these files itself, so it reads only regular files inside the context snapshot that the trial's
+user owns (or anyone may read), at most :data:`MAX_SOURCE_BYTES` each, opened without following
+a symlink at any step (`store/safe_open.read_bounded_in`): a script outside the snapshot (an
+absolute path, ``..``), a symlink, a FIFO, a device or a huge (or sparse) file means a cold
+start, and the reason is said once.
 
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
@@ -172,8 +172,8 @@ def _spec(plan: LaunchPlan, experiment_id: int, entrypoint: str) -> WarmSpec | C
     env = plan.env
     words = shlex.split(entrypoint)
     # the daemon (root, for a lab) reads the script and the context's modules it imports for
-    # their imports: only regular files of the user's own inside the context snapshot, at most
-    # MAX_SOURCE_BYTES each, never through a symlink (store/safe_open.read_bounded_in)
+    # their imports: only regular files inside the context snapshot that the user could read,
+    # at most MAX_SOURCE_BYTES each, never through a symlink (store/safe_open.read_bounded_in)
     owner = plan.uid if os.geteuid() == 0 else None
     try:
         source = read_source(Path(plan.cwd), words[1], owner, "script")

@@ -122,7 +122,8 @@ def read_bounded_in(
     user's (a context snapshot their trials run from): ``rel`` must be relative and stay inside
     (no ``..``); every directory on the way is opened relative to the one before it without
     following a symlink, so nothing the user swaps in leads outside ``root``. ``owner``: the
-    file must be that uid's, strictly (root's own files are not read for a user). UnsafeFile
+    file must be that uid's or readable by everyone (what that user could read anyway: a
+    root-only file hard-linked into the tree is refused). UnsafeFile
     (one line; ``reason``: outside, symlink, not_regular, owner, size, open) otherwise;
     FileNotFoundError, unchanged, when it (or a directory on the way) does not exist."""
     parts = [p for p in rel.split("/") if p not in ("", ".")]
@@ -167,9 +168,10 @@ def read_bounded_in(
             raise UnsafeFile(
                 f"{what} {rel} is not a regular file; refusing to read it", "not_regular"
             )
-        if owner is not None and st.st_uid != owner:
+        if owner is not None and st.st_uid != owner and not st.st_mode & stat.S_IROTH:
             raise UnsafeFile(
-                f"{what} {rel} is owned by uid {st.st_uid}, not by uid {owner}; refusing it",
+                f"{what} {rel} is owned by uid {st.st_uid}, not by uid {owner}, and others may "
+                "not read it; refusing it",
                 "owner",
             )
         if st.st_size > max_bytes:
