@@ -19,17 +19,24 @@ def short_path(parts: Sequence[object], keep_head: int = 4, keep_tail: int = 2) 
 def deep_path(value: Any, limit: int) -> list[object] | None:
     """The path (keys and list indexes) to the first mapping or list nested deeper than
     `limit` levels in `value` (the outermost counting as level 1), None when within it.
-    Iterative: safe on any depth; shared substructures are walked where they occur."""
+    Iterative and O(size): one stack of iterators, as deep as the nesting; the path is built
+    only for the answer, never per node. Shared substructures are walked where they occur."""
     if not isinstance(value, (dict, list)):
         return None
-    # each entry: (container, its path, its level)
-    stack: list[tuple[Any, list[object], int]] = [(value, [], 1)]
+    if limit < 1:
+        return []
+    keys: list[object] = []  # the key or index of each open container below the top
+    stack: list[Any] = [iter(value.items()) if isinstance(value, dict) else enumerate(value)]
     while stack:
-        node, path, level = stack.pop()
-        if level > limit:
-            return path
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, child in items:
+        for key, child in stack[-1]:
             if isinstance(child, (dict, list)):
-                stack.append((child, [*path, key], level + 1))
+                keys.append(key)
+                if len(stack) >= limit:
+                    return keys
+                stack.append(iter(child.items()) if isinstance(child, dict) else enumerate(child))
+                break
+        else:
+            stack.pop()
+            if keys:
+                keys.pop()
     return None

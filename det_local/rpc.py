@@ -28,6 +28,7 @@ Daemon -> trial
                   (started: {warm, seconds}, how long the run took to start; first hello only)
     reply         {id, value | error}
     preempt       {}                                                should_preempt() turns True
+    refused       {error}              a frame over its budget (wire/budget.py); then closed
 
 Clients (the CLI, the Python API) never use the socket: they submit and control through spool
 files (``sched/spool.py``).
@@ -37,6 +38,10 @@ come first, within HELLO_TIMEOUT, in a frame of at most HELLO_MAX_FRAME bytes, a
 connection to one run of one trial (its token and its process's uid); every later frame is at
 most SESSION_MAX_FRAME bytes (the trial side splits metric batches to fit) and acts on that run
 only. A refused hello answers ``{t: hello, error}``, with ``retry: true`` when it is only busy.
+
+Every frame is decoded with a budget (``det_local/wire/budget.py``): hello with TRIAL_HELLO,
+session frames with TRIAL_SESSION, what a trial reads with DAEMON_TO_TRIAL; a frame over it is a
+FrameError naming the limit, found before anything is built.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ import struct
 from typing import Any
 
 import msgpack
+
+from det_local.wire.budget import DAEMON_TO_TRIAL, Budget, Refused, decode
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # what a trial accepts from the daemon
@@ -65,11 +72,11 @@ def pack(msg: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def unpack(body: bytes) -> dict[str, Any]:
+def unpack(body: bytes, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as err:  # msgpack raises several kinds for malformed input
-        raise FrameError(f"frame is not valid msgpack ({type(err).__name__})") from None
+        msg = decode(body, budget)
+    except Refused as err:  # over budget, or not msgpack: one line naming which
+        raise FrameError(f"frame refused: {err}") from None
     if not isinstance(msg, dict) or "t" not in msg:
         raise FrameError("frame is not a message map with a 't' key")
     return msg
@@ -85,18 +92,19 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def recv(sock: socket.socket) -> dict[str, Any] | None:
+def recv(sock: socket.socket, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any] | None:
     """Blocking read of one frame; None when the peer closed the connection."""
     head = _recv_exact(sock, HEADER.size)
     if head is None:
         return None
     (size,) = HEADER.unpack(head)
-    if size > MAX_FRAME:
-        raise FrameError(f"frame of {size} bytes is over the {MAX_FRAME} byte limit")
+    limit = min(MAX_FRAME, budget.max_bytes)
+    if size > limit:
+        raise FrameError(f"frame of {size} bytes is over the {limit} byte limit")
     body = _recv_exact(sock, size)
     if body is None:
         return None
-    return unpack(body)
+    return unpack(body, budget)
 
 
 def send(sock: socket.socket, msg: dict[str, Any]) -> None:

@@ -254,9 +254,15 @@ _GOOD = {"op": "cmd_kill", "user": "", "payload": {"job_id": 1}}
 
 
 BAD_REQUESTS: dict[str, tuple[Any, list[str]]] = {
-    "garbage": (lambda: b"\xc1\xc1 not msgpack", ["malformed or truncated", "submit it again"]),
-    "truncated": (lambda: _pack({**_GOOD, "user": _me()})[:-4], ["malformed or truncated"]),
-    "empty": (lambda: b"", ["malformed or truncated (0 bytes)"]),
+    "garbage": (
+        lambda: b"\xc1\xc1 not msgpack",
+        ["refused: message is not msgpack (byte 0xc1 at 0); submit it with the det-local CLI"],
+    ),
+    "truncated": (
+        lambda: _pack({**_GOOD, "user": _me()})[:-4],
+        ["refused: message is truncated"],
+    ),
+    "empty": (lambda: b"", ["refused: empty message"]),
     "not-a-map": (lambda: _pack([1, 2, 3]), ["has no operation"]),
     "no-op": (lambda: _pack({"user": _me(), "payload": {}}), ["has no operation"]),
     "payload-list": (

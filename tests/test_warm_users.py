@@ -323,6 +323,14 @@ if mode == "silent":
     time.sleep(120)
 elif mode == "garbage":
     conn.sendall(b"\x00\x00\x00\x05garba")
+elif mode == "nested":  # within the size limit: empty maps nested 2,000 deep
+    body = b"\x81\xa0" * 1999 + b"\x80"
+    conn.sendall(len(body).to_bytes(4, "big") + body)
+elif mode == "wide":  # a map of 2,000 keys
+    body = b"\xde\x07\xd0" + b"\x00\xc0" * 2000
+    conn.sendall(len(body).to_bytes(4, "big") + body)
+elif mode == "huge":  # a 4 GiB length prefix
+    conn.sendall(b"\xff\xff\xff\xff")
 else:
     pid = {"daemon": daemon_pid, "victim": int(os.environ.get("FAKE_VICTIM", "0")),
            "self": os.getpid()}.get(mode, 0)
@@ -341,7 +349,10 @@ ATTACKS = {
     "daemon": "it answered pid {daemon}, which is not a trial it forked: its parent is",
     "victim": "it answered pid {victim}, which is not a trial it forked: its parent is",
     "self": "it answered pid ",
-    "garbage": "it answered garbage (frame is not valid msgpack",
+    "garbage": "it answered garbage (frame refused: message has 4 bytes after its value",
+    "nested": "it answered garbage (frame refused: message nests deeper than 8 levels (at byte 17)",
+    "wide": "it answered garbage (frame refused: a map of 2,000 keys is over the limit of 256",
+    "huge": "it answered a frame of 4294967295 bytes (at most 4096)",
     "silent": "it did not answer in time",
     "impostor": "its socket is served by pid ",
     "symlink": "is not a socket (a symbolic link or another file)",

@@ -21,6 +21,9 @@ def run_cli(app: typer.Typer) -> int:
     if "--debug" in argv:
         argv.remove("--debug")
         os.environ[DEBUG_ENV] = "1"
+    from det_local.cli import safeout
+
+    safeout.install()  # writes never block nor raise: Ctrl-C and SIGTERM always work
     if os.environ.get("_DET_LOCAL_COMPLETE"):  # a shell asks for completions
         from typer.completion import completion_init
 

@@ -222,14 +222,33 @@ def _add(tar: tarfile.TarFile, root: Path, entry: _Entry) -> None:
         info.type = tarfile.DIRTYPE
         tar.addfile(info)
         return
+    # the snapshot is its user's: what is read is checked on the descriptor that is read (a
+    # link or a FIFO swapped in after the walk, or a path leading out of the tree, is refused)
     try:
-        with open(entry.source, "rb") as f:
-            info.size = os.fstat(f.fileno()).st_size
-            tar.addfile(info, f)
+        fd = os.open(entry.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise ContextError(
             f"cannot read {entry.rel} in context snapshot {root}: {err.strerror or err}"
         ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        where = os.path.realpath(f"/proc/self/fd/{fd}")
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size != entry.size
+            or not _inside(where, os.path.realpath(root))
+        ):
+            raise ContextError(
+                f"context snapshot {root}: {entry.rel} changed while it was packed (no longer "
+                "the regular file of the tree); submit the experiment again"
+            )
+        info.size = entry.size
+        try:
+            tar.addfile(info, f)
+        except OSError as err:
+            raise ContextError(
+                f"cannot read {entry.rel} in context snapshot {root}: {err.strerror or err}"
+            ) from None
 
 
 class _HashingWriter:

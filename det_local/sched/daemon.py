@@ -126,9 +126,15 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
         f"{engine.inventory.size()} {engine.inventory.source} slot(s); "
         f"containment: {engine.containment.describe()}"
     )
+    from det_local.health.looplag import FILE_NAME, LoopLag
+
+    lag = LoopLag(paths.run_dir / FILE_NAME)  # `daemon status --json`: loop_lag_ms
+    probe = asyncio.ensure_future(lag.run())
     try:
         await engine.serve_forever()
     finally:
+        probe.cancel()
+        lag.remove()
         for service in reversed(services):  # extension seam: before the engine stops
             await service.stop()
         await engine.stop()
@@ -250,6 +256,11 @@ def status(paths: Paths) -> dict[str, Any]:
             containment = None
         if isinstance(containment, dict):
             out["containment"] = containment
+        from det_local.health.looplag import read as read_loop_lag
+
+        lag = read_loop_lag(paths.run_dir)
+        if lag is not None:
+            out["loop_lag_ms"] = lag
     store = Store(paths.db, readonly=True)  # a read-only view (empty when nothing ran yet)
     jobs = store.jobs.active()
     out["queued"] = sum(j.state == "QUEUED" for j in jobs)

@@ -100,7 +100,7 @@ class Engine:
         self.closing = False
         self._tasks: list[asyncio.Future[None]] = []
         self._stop_requested = asyncio.Event()
-        self._out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._out = out or _print_err
         # the components, each given what it needs
         self.launcher = LocalLauncher(
             self.paths, self.inventory, self.settings.cgroup_setting(), self.note
@@ -794,3 +794,12 @@ class Engine:
             return False
         unmanaged.on_end(self, run, msg)
         return True
+
+
+def _print_err(line: str) -> None:
+    """The engine's default output: stderr, never raising (a closed or broken stderr must not
+    interrupt what the engine was doing, such as handling a trial's exit)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

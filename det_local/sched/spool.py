@@ -21,14 +21,14 @@ from typing import Any
 import msgpack
 
 from det_local.errors import DetLocalError
-from det_local.nesting import deep_path, short_path
 from det_local.store.paths import Paths
 from det_local.store.safe_open import UnsafeFile, read_bounded_stat
+from det_local.wire.budget import SPOOL_ANSWER, SPOOL_REQUEST, Refused, decode, scan
 
 SUFFIX = ".req"
 RESPONSE_SUFFIX = ".resp"
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
-MAX_REQUEST_DEPTH = 100  # nested maps/lists in a request (a config in it: limits.MAX_DEPTH)
+MAX_REQUEST_BYTES = SPOOL_REQUEST.max_bytes  # 4 MiB
+MAX_REQUEST_DEPTH = SPOOL_REQUEST.max_depth  # 100 (a config in a request: limits.MAX_DEPTH)
 
 
 class SpoolError(DetLocalError):
@@ -185,7 +185,12 @@ def wait_response(
         path.unlink()
     except OSError:
         pass
-    answer = msgpack.unpackb(data, raw=False)
+    try:
+        answer = decode(data, SPOOL_ANSWER)
+    except Refused as err:
+        raise DetLocalError(f"the answer to request {req_id} is unusable ({err})") from None
+    if not isinstance(answer, dict):
+        raise DetLocalError(f"the answer to request {req_id} is unusable (not a map)")
     if answer.get("error"):
         raise DetLocalError(str(answer["error"]))
     return answer.get("value")
@@ -206,6 +211,10 @@ def pending(paths: Paths) -> list[Path]:
     return [paths.queue / n for n in names]
 
 
+def _look(head: bytes, size: int) -> None:
+    scan(head, SPOOL_REQUEST, total=size)
+
+
 def read(path: Path) -> Request:
     """Parse a request file; SpoolError (one line, naming the file) when it is unusable.
 
@@ -214,9 +223,15 @@ def read(path: Path) -> Request:
     at most MAX_REQUEST_BYTES) and read, and its owner is who made the request."""
     req_id = path.name[: -len(SUFFIX)]
     try:
-        data, st = read_bounded_stat(path, MAX_REQUEST_BYTES, what="request", name=path.name)
+        data, st = read_bounded_stat(
+            path, MAX_REQUEST_BYTES, what="request", name=path.name, check_prefix=_look
+        )
     except FileNotFoundError:
         raise SpoolError(f"request {path.name} vanished before it was read") from None
+    except Refused as err:  # its first bytes already show a bomb: the rest is never read
+        raise SpoolError(
+            f"request {path.name} refused: {err}; submit it with the det-local CLI"
+        ) from None
     except UnsafeFile as err:
         if err.reason == "symlink":
             raise SpoolError(
@@ -230,23 +245,13 @@ def read(path: Path) -> Request:
             ) from None
         raise SpoolError(str(err)) from None
     try:
-        body = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except msgpack.StackError:
+        # budgeted: a bomb (4 MiB of nested empty maps, a 4 GiB length, 100,000 levels) is
+        # refused in milliseconds, before anything is built
+        body = decode(data, SPOOL_REQUEST)
+    except Refused as err:
         raise SpoolError(
-            f"request {path.name} nests deeper than msgpack's limit of 1024 levels; "
-            "submit it with the det-local CLI"
+            f"request {path.name} refused: {err}; submit it with the det-local CLI"
         ) from None
-    except Exception:
-        raise SpoolError(
-            f"request {path.name} is malformed or truncated ({len(data)} bytes); "
-            "submit it again with the det-local CLI"
-        ) from None
-    deep = deep_path(body, MAX_REQUEST_DEPTH)
-    if deep is not None:  # before any handler walks it (recursively)
-        raise SpoolError(
-            f"request {path.name} nests deeper than {MAX_REQUEST_DEPTH} levels at "
-            f"{short_path(deep)}; submit it with the det-local CLI"
-        )
     if not isinstance(body, dict) or not isinstance(body.get("op"), str):
         raise SpoolError(f"request {path.name} has no operation; submit it with the det-local CLI")
     owner = user_name(st.st_uid)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -27,7 +28,8 @@ from det_local.store.paths import Paths
 
 SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tried again after
 SPOOL_SWEEP_S = 1.0
-SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn
+SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn ...
+SPOOL_BATCH_S = 0.03  # ... or fewer, once they took this long (large or refused requests)
 SPOOL_PRUNE_S = 600.0  # answers older than an hour that nobody collected are removed
 SPOOL_LOG_WINDOW_S = 10.0  # rejections from one user: one line, then a count every window
 WATCH_DELAY_EMBEDDED_S = 0.3
@@ -195,8 +197,9 @@ class SpoolServer:
         if refused:
             self._refuse_over_cap(refused)
         taken = 0
+        until = time.monotonic() + SPOOL_BATCH_S
         while True:
-            if taken == SPOOL_BATCH:
+            if taken == SPOOL_BATCH or (taken and time.monotonic() > until):
                 # the rest after one turn of the event loop: jobs that ended meanwhile are
                 # reaped and their slots handed on, and requests that arrived meanwhile join
                 # the round, while a long backlog is being answered

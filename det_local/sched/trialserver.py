@@ -20,8 +20,11 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   uid has at most ``PENDING_PER_UID`` connections waiting for hello and ``SESSIONS_PER_UID``
   sessions; a session frame is at most ``rpc.SESSION_MAX_FRAME`` bytes, and a uid reads at most
   ``LARGE_READS_PER_UID`` frames over ``LARGE_FRAME`` bytes at a time (the others wait, unread, in
-  their sockets); frames are decoded one at a time on the event loop; replies wait for the client
-  to read (drain) and a client whose unread replies pile up past ``WRITE_MAX`` is dropped.
+  their sockets); every frame is decoded within its budget (``wire/budget.py``: TRIAL_HELLO,
+  TRIAL_SESSION), found over it before anything is built (one line back to the sender, one
+  rate-limited line in the log), and a frame over ``LARGE_FRAME`` is decoded off the event loop;
+  replies wait for the client to read (drain) and a client whose unread replies pile up past
+  ``WRITE_MAX`` is dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from det_local import rpc
 from det_local.errors import DetLocalError
 from det_local.sched.users import user_name
+from det_local.wire import budget as wire
+from det_local.wire.budget import TRIAL_HELLO, TRIAL_SESSION, Budget
 
 if TYPE_CHECKING:
     from det_local.sched.experiments import TrialRun
@@ -48,6 +53,7 @@ PENDING_PER_UID = 16  # connections of one uid that have not said hello yet
 SESSIONS_PER_UID = 512  # authenticated connections of one uid (16-rank trials, many of them)
 LARGE_FRAME = 256 * 1024  # frames over this many bytes ...
 LARGE_READS_PER_UID = 2  # ... are read this many at a time per uid
+PEEK_BYTES = 64 * 1024  # of a large frame, checked against its budget before the rest is read
 WRITE_HIGH_WATER = 256 * 1024  # unread reply bytes after which a session waits for its client
 WRITE_MAX = 8 * 1024 * 1024  # unread reply bytes after which a client is dropped
 NOTES_PER_MINUTE = 20  # refusals logged per uid, kind and minute (the rest are counted)
@@ -109,17 +115,27 @@ class FrameTooLarge(Exception):
 
 
 async def _read_frame(
-    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None
+    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None, budget: Budget
 ) -> dict[str, Any]:
+    """One frame, decoded within `budget` (rpc.FrameError naming the limit otherwise). A large
+    frame is read while holding one of its uid's large-read slots and decoded off the event
+    loop (a refused one costs milliseconds either way: wire/budget.py stops at the limit)."""
     (size,) = rpc.HEADER.unpack(await reader.readexactly(rpc.HEADER.size))
     if size > limit:
         raise FrameTooLarge(size, limit)
     if large is not None and size > LARGE_FRAME:
         async with large:
-            body = await reader.readexactly(size)
-    else:
-        body = await reader.readexactly(size)
-    return rpc.unpack(body)
+            # its first bytes first: a bomb shows itself there, and the rest is never read
+            head = await reader.readexactly(PEEK_BYTES)
+            try:
+                wire.scan(head, budget, total=size)
+            except wire.Refused as err:
+                raise rpc.FrameError(f"frame refused: {err}") from None
+            body = head + await reader.readexactly(size - PEEK_BYTES)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, rpc.unpack, body, budget)
+    body = await reader.readexactly(size)
+    return rpc.unpack(body, budget)
 
 
 class Sessions(Protocol):
@@ -197,7 +213,8 @@ class TrialServer:
         try:
             try:
                 msg = await asyncio.wait_for(
-                    _read_frame(reader, rpc.HELLO_MAX_FRAME, None), rpc.HELLO_TIMEOUT
+                    _read_frame(reader, rpc.HELLO_MAX_FRAME, None, TRIAL_HELLO),
+                    rpc.HELLO_TIMEOUT,
                 )
             except asyncio.TimeoutError:
                 self.refuse(
@@ -225,7 +242,7 @@ class TrialServer:
             st.sessions[uid] += 1
             large = st.large(uid)
             while True:
-                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large)
+                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION)
                 if not self.sessions.is_live(run):
                     if msg.get("t") == "bye":  # a goodbye after its run ended (core_v2's
                         # close: `end`, then bye): nothing refused, nothing to log
@@ -242,14 +259,17 @@ class TrialServer:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
             if run is not None:
-                self.refuse(
-                    uid,
-                    run,
-                    "frame",
-                    f"a frame of {err.size} bytes (the limit is {err.limit}); closed",
-                )
+                why = f"a frame of {err.size} bytes (the limit is {err.limit}); closed"
+                self.refuse(uid, run, "frame", why)
+                send(writer, {"t": "refused", "error": why})
         except rpc.FrameError as err:
-            self.refuse(uid, run, "frame", f"{err}; closed")
+            why = f"{err}; closed"
+            self.refuse(uid, run, "frame", why)
+            # one line to the sender (a trial prints it), before the connection closes
+            send(
+                writer,
+                {"t": "hello", "error": why} if run is None else {"t": "refused", "error": why},
+            )
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

@@ -39,7 +39,12 @@ runs in the trial), but the ones the script imports at top level are read the sa
 on (at most :data:`MAX_OWN_FILES` files): a script whose ``import torch`` sits in its
 ``model_def.py`` gets torch preloaded. Plus ``determined``, plus ``DET_LOCAL_PRELOAD``
 (comma-separated) from the experiment's environment variables. Imports inside functions or
-``if`` blocks, and relative imports, are left to the trial.
+``if`` blocks, and relative imports, are left to the trial. The daemon (root, for a lab) reads
+these files itself, so it reads only regular files inside the context snapshot that the trial's
+user owns (or anyone may read), at most :data:`MAX_SOURCE_BYTES` each, opened without following
+a symlink at any step (`store/safe_open.read_bounded_in`): a script outside the snapshot (an
+absolute path, ``..``), a symlink, a FIFO, a device or a huge (or sparse) file means a cold
+start, and the reason is said once.
 
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
@@ -70,7 +75,7 @@ from det_local.sched import zygotetrust as trust
 from det_local.sched.cgroups import JobCgroup
 from det_local.sched.plan import LaunchPlan
 from det_local.store.paths import Paths
-from det_local.store.safe_open import UnsafeFile, read_bounded
+from det_local.store.safe_open import UnsafeFile, read_bounded, read_bounded_in
 
 DAEMON_SWITCH = "DET_LOCAL_WARM_STARTS"  # the daemon's environment
 EXPERIMENT_SWITCH = "DET_LOCAL_WARM_START"  # an experiment's environment_variables
@@ -147,8 +152,6 @@ def _cold_reason(plan: LaunchPlan, config: dict[str, object]) -> str | None:
         )
     if len(words) < 2 or not _PYTHON.match(words[0]) or not words[1].endswith(".py"):
         return "the entrypoint is not `python script.py` (a launcher or another program)"
-    if not (Path(plan.cwd) / words[1]).is_file():
-        return f"its script {words[1]} is not a file of the context"
     return None
 
 
@@ -168,13 +171,19 @@ def _launcher(words: list[str]) -> str | None:
 def _spec(plan: LaunchPlan, experiment_id: int, entrypoint: str) -> WarmSpec | Cold:
     env = plan.env
     words = shlex.split(entrypoint)
-    script = Path(plan.cwd) / words[1]
+    # the daemon (root, for a lab) reads the script and the context's modules it imports for
+    # their imports: only regular files inside the context snapshot that the user could read,
+    # at most MAX_SOURCE_BYTES each, never through a symlink (store/safe_open.read_bounded_in)
+    owner = plan.uid if os.geteuid() == 0 else None
     try:
-        source = script.read_bytes()
-    except OSError as err:
-        return Cold(f"cannot read {script}: {err.strerror}")
+        source = read_source(Path(plan.cwd), words[1], owner, "script")
+        if source is None:
+            return Cold(f"its script {words[1]} is not a file of the context")
+        imported = top_imports(source, Path(plan.cwd), owner)
+    except UnsafeFile as err:
+        return Cold(f"{err} (a warm start reads only the context snapshot's own files)")
     extra = [m.strip() for m in env.get(PRELOAD_VAR, "").split(",") if m.strip()]
-    modules = tuple(dict.fromkeys([*top_imports(source, Path(plan.cwd)), *ALWAYS, *extra]))
+    modules = tuple(dict.fromkeys([*imported, *ALWAYS, *extra]))
     stable = stable_env(plan)
     key = json.dumps(
         [experiment_id, plan.uid, plan.gid, plan.groups, plan.umask, plan.cwd, words[0], stable]
@@ -197,30 +206,47 @@ def stable_env(plan: LaunchPlan) -> dict[str, str]:
     }
 
 
-def top_imports(source: bytes, context: Path) -> list[str]:
+def read_source(context: Path, rel: str, owner: int | None, what: str) -> bytes | None:
+    """A source file of the context snapshot, read safely (`read_bounded_in`); None when it
+    does not exist. UnsafeFile for anything else than a regular file of ``owner``'s inside the
+    snapshot of at most MAX_SOURCE_BYTES (an absolute path, ``..``, a symlink, a FIFO, a device,
+    a huge or sparse file)."""
+    try:
+        return read_bounded_in(context, rel, MAX_SOURCE_BYTES, owner=owner, what=what)
+    except FileNotFoundError:
+        return None
+
+
+def top_imports(source: bytes, context: Path, owner: int | None = None) -> list[str]:
     """The modules a script imports at its top level (absolute imports only), less its
     context's own modules, whose own top-level imports are followed instead (the user's code is
-    left to run in the trial)."""
-    own = {p.stem for p in context.glob("*.py")} | {p.name for p in context.iterdir() if p.is_dir()}
+    left to run in the trial). The context's files are read with `read_source`."""
+    own: set[str] = set()
+    with os.scandir(context) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                own.add(entry.name)
+            elif entry.name.endswith(".py"):
+                own.add(entry.name[:-3])
     names: list[str] = []
-    files: list[Path] = []
+    files: list[str] = []
     pending = [source]
     while pending:
         for module, imported in _imports(pending.pop(0)):
             if module.split(".")[0] not in own:
                 names.append(module)
                 continue
-            for path in _own_files(context, module, imported):
-                if path not in files and len(files) < MAX_OWN_FILES:
-                    files.append(path)
-                    try:
-                        pending.append(path.read_bytes())
-                    except OSError:
-                        continue
+            for rel in _own_files(module, imported):
+                if rel not in files and len(files) < MAX_OWN_FILES:
+                    data = read_source(context, rel, owner, "module")
+                    if data is not None:
+                        files.append(rel)
+                        pending.append(data)
     return [n for n in dict.fromkeys(names) if n != "__future__"]
 
 
 MAX_OWN_FILES = 32  # the context's own modules read for their imports, per entrypoint
+MAX_SOURCE_BYTES = 1024 * 1024  # a source file read for its imports (else: a cold start)
 
 
 def _imports(source: bytes) -> list[tuple[str, list[str]]]:
@@ -238,18 +264,17 @@ def _imports(source: bytes) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _own_files(context: Path, module: str, imported: list[str]) -> list[Path]:
-    """The context's files that importing MODULE (and, from it, IMPORTED, which may be its
-    submodules) runs: each package's __init__.py on the way, then the module itself."""
+def _own_files(module: str, imported: list[str]) -> list[str]:
+    """The context's files (relative paths) that importing MODULE (and, from it, IMPORTED,
+    which may be its submodules) may run: each package's __init__.py on the way, then the
+    module itself; those that exist are read."""
     parts = module.split(".")
     dotted = [parts[: i + 1] for i in range(len(parts))]
     dotted += [[*parts, name] for name in imported if name != "*"]
     out = []
     for names in dotted:
-        base = context.joinpath(*names)
-        for path in (base.with_name(base.name + ".py"), base / "__init__.py"):
-            if path.is_file():
-                out.append(path)
+        base = "/".join(names)
+        out += [f"{base}.py", f"{base}/__init__.py"]
     return out
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from det_local import rpc
+from det_local.wire.budget import ZYGOTE_REPLY
 
 ANSWER_MAX = 4096  # a zygote's answer ({t: forked, pid}) is a few bytes
 
@@ -163,7 +164,7 @@ def recv_answer(sock: socket.socket, deadline: float) -> dict[str, Any]:
         raise Untrusted(f"it answered a frame of {size} bytes (at most {ANSWER_MAX})")
     body = _recv_exact(sock, size, deadline)
     try:
-        answer = rpc.unpack(body)
+        answer = rpc.unpack(body, ZYGOTE_REPLY)
     except rpc.FrameError as err:
         raise Untrusted(f"it answered garbage ({err})") from None
     if not isinstance(answer, dict):

@@ -128,6 +128,8 @@ class Session:
             kind = msg.get("t")
             if kind == "preempt":
                 self.preempted = True
+            elif kind == "refused":  # a frame of ours over the daemon's budget: said once
+                print(f"det-local: the daemon refused a frame: {msg.get('error')}", file=sys.stderr)
             elif kind == "reply":
                 waiter = self._replies.pop(int(msg.get("id", -1)), None)
                 if waiter is not None:

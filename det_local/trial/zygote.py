@@ -44,6 +44,7 @@ import time
 from typing import Any
 
 from det_local import rpc
+from det_local.wire.budget import ZYGOTE_REQUEST
 
 PRELOAD_FAILED, CUDA_INITIALISED, THREADS_RUNNING = 3, 4, 5
 IDLE_S = 120.0  # a zygote with no request and no trial this long exits (its experiment ended)
@@ -239,7 +240,7 @@ class Zygote:
                 return
             try:
                 _, fds, _, _ = socket.recv_fds(conn, 1, 1)
-                req = rpc.recv(conn)
+                req = rpc.recv(conn, ZYGOTE_REQUEST)
             except (OSError, rpc.FrameError) as err:
                 _say(f"a fork request could not be read: {err}")
                 return
@@ -286,7 +287,9 @@ class Zygote:
         os.dup2(log_fd, 2)
         os.close(log_fd)
         rpc.send(conn, {"t": "forked", "pid": os.getpid()})
-        go = rpc.recv(conn)  # the daemon has moved this process into the job's cgroup
+        go = rpc.recv(
+            conn, ZYGOTE_REQUEST
+        )  # the daemon has moved this process into the job's cgroup
         conn.close()
         if go is None or go.get("t") != "go":
             return 125

@@ -1,0 +1,1 @@
+"""How the daemon itself is doing: the event loop's lag (``looplag.py``)."""
