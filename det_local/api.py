@@ -267,20 +267,30 @@ VALIDATION = "validation"
 MAX_POINTS = 2000  # per series, what the dashboard's charts get (downsampled in the store)
 
 
-def list_experiments(*, all_users: bool = True, with_config: bool = False) -> list[Any]:
-    """Experiments oldest first (ExperimentRecords), every user's or only this user's."""
+def list_experiments(
+    *, all_users: bool = True, with_config: bool = False, archived: bool = True
+) -> list[Any]:
+    """Experiments oldest first (ExperimentRecords), every user's or only this user's;
+    archived ones too unless ``archived`` is False (`experiment archive`)."""
     from det_local.store.db import current_user
 
-    exps = open_store().list_experiments(with_config=with_config)
+    store = open_store()
+    exps = store.list_experiments(with_config=with_config)
     if not all_users:
         user = current_user()
         exps = [e for e in exps if e.user == user]
+    if not archived:
+        hidden = store.lifecycle.archived()
+        exps = [e for e in exps if e.id not in hidden]
     return exps
 
 
-def experiments_json(*, all_users: bool = True) -> list[dict[str, Any]]:
-    """`experiment list --json`."""
-    return [e.to_json() for e in list_experiments(all_users=all_users, with_config=True)]
+def experiments_json(*, all_users: bool = True, archived: bool = True) -> list[dict[str, Any]]:
+    """`experiment list --json` (each with "archived")."""
+    store = open_store()
+    hidden = store.lifecycle.archived()
+    exps = list_experiments(all_users=all_users, with_config=True, archived=archived)
+    return [{**e.to_json(), "archived": e.id in hidden} for e in exps]
 
 
 def experiment_json(experiment_id: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Checkpoints: list, describe, download.",
+    help="Checkpoints: list, describe, download, delete.",
 )
 
 __all__ = ["JsonFlag", "fmt_time", "fmt_value"]
@@ -151,3 +151,22 @@ def download(
 
     download_checkpoint(ckpt, dest)
     print(dest)
+
+
+@app.command("delete")
+def delete(
+    uuids: Annotated[list[str], typer.Argument(metavar="UUID...", help="The checkpoints' UUIDs.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete checkpoints' files (their records stay, DELETED). Refused for a checkpoint
+    registered in a model or one of a running experiment."""
+    from det_local.api import control_job, open_store
+
+    store = open_store()
+    for uuid in uuids:
+        store.get_checkpoint(uuid)  # a clear error for an unknown uuid, before asking
+    n = len(uuids)
+    if not yes and not typer.confirm(f"Delete {n} checkpoint{'s' if n != 1 else ''}' files?"):
+        print("aborted; nothing was deleted")
+        raise typer.Exit(1)
+    print(control_job("checkpoint_delete", {"uuids": uuids}))

@@ -16,11 +16,21 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts
+from det_local.store import (
+    checkpoint_table,
+    experiments,
+    lifecycle,
+    metrics,
+    registry,
+    trials,
+    trialstarts,
+)
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
+from det_local.store.lifecycle import LifecycleTable
 from det_local.store.metrics import EventTable, MetricTable
+from det_local.store.registry import ModelRegistry
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
 from det_local.store.trialstarts import TrialStartTable
@@ -36,6 +46,8 @@ SCHEMA = (
     + checkpoint_table.SCHEMA
     + metrics.SCHEMA
     + trialstarts.SCHEMA
+    + registry.SCHEMA
+    + lifecycle.SCHEMA
 )
 
 
@@ -141,6 +153,9 @@ class Store:
         self.trial_starts = ts = TrialStartTable(self.db)
         self.add_trial_start = ts.add
         self.list_trial_starts = ts.select
+
+        self.models = ModelRegistry(self.db)  # the model registry (`store/registry.py`)
+        self.lifecycle = LifecycleTable(self.db)  # archived experiments, deletions
 
     def transaction(self) -> Txn:
         return self.db.transaction()
