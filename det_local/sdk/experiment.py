@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from det_local.sdk import checkpoint as ck
+from det_local.sdk import trial as _trial
 from det_local.sdk._session import Session
 from det_local.sdk.enums import (
     TERMINAL_STATES,
@@ -272,6 +273,9 @@ def get_experiment(session: Session, experiment_id: int) -> Experiment:
     exp = Experiment(experiment_id, session)
     exp.reload()
     return exp
+
+
+_trial.experiment_maker[:] = [get_experiment]  # Trial.get_experiment()
 
 
 def list_experiments(

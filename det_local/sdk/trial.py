@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from det_local.sdk import checkpoint as ck
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from det_local.sdk.experiment import Experiment
 
 FOLLOW_POLL_S = 0.2
+
+# How a Trial makes its Experiment: experiment.py (which imports this module) sets it, so that
+# the two modules do not import each other.
+experiment_maker: list[Callable[[Session, int], Experiment]] = []
 
 
 class Trial:
@@ -57,14 +61,11 @@ class Trial:
         return t
 
     def get_experiment(self) -> Experiment:
-        from det_local.sdk.experiment import Experiment
-
+        """The trial's Experiment."""
         if not self.experiment_id:
             self.reload()
         assert self.experiment_id is not None
-        exp = Experiment(self.experiment_id, self._session)
-        exp.reload()
-        return exp
+        return experiment_maker[0](self._session, self.experiment_id)
 
     # ------------------------------------------------------------------ control
     def kill(self) -> None:
