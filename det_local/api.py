@@ -699,3 +699,26 @@ def peers_json() -> list[dict[str, Any]]:
     daemon does not federate)."""
     rows: list[dict[str, Any]] = cluster_view()["peers"]
     return rows
+
+
+# ---------------------------------------------------------------------------- the model registry
+def models_json() -> list[dict[str, Any]]:
+    """`model list --json` and the dashboard's /api/models: every model, by name."""
+    return [m.to_json() for m in open_store().models.select()]
+
+
+def model_json(identifier: str | int) -> dict[str, Any]:
+    """`model describe --json` and /api/models/NAME: the model and its versions, each with the
+    checkpoint it points at (None when that record is gone)."""
+    from det_local.errors import NotFoundError
+
+    store = open_store()
+    model = store.models.get(identifier)
+    versions = []
+    for v in store.models.versions(model.id):
+        try:
+            ckpt: dict[str, Any] | None = store.get_checkpoint(v.checkpoint_uuid).to_json()
+        except NotFoundError:
+            ckpt = None
+        versions.append({**v.to_json(), "checkpoint": ckpt})
+    return {"model": model.to_json(), "versions": versions}

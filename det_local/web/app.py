@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from det_local.web import cluster, commands, compare, curvesapi, hparams, jsonapi, pages
+from det_local.web import cluster, commands, compare, curvesapi, hparams, jsonapi, models, pages
 from det_local.web.guard import App, Guard, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -68,6 +68,7 @@ def create_app(*, token: str | None = None) -> App:
             *hparams.ROUTES,
             *cluster.ROUTES,
             *commands.ROUTES,
+            *models.ROUTES,
             *jsonapi.routes(),
             *pages.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),

@@ -71,6 +71,7 @@ NAV = (
     ("Slots", "/slots"),
     ("Cluster", "/cluster"),
     ("Commands", "/commands"),
+    ("Models", "/models"),
 )
 
 

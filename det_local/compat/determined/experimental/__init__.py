@@ -21,7 +21,7 @@ from det_local.sdk.client import (
     ValidationMetrics,
 )
 
-from . import client
+from . import checkpoint, client
 
 __all__ = [
     "Checkpoint",
@@ -42,5 +42,6 @@ __all__ = [
     "TrialSortBy",
     "TrialState",
     "ValidationMetrics",
+    "checkpoint",
     "client",
 ]
