@@ -37,7 +37,7 @@ def main(core, hp):
             with core.checkpoint.store_path({"steps_completed": step}) as (path, uuid):
                 (path / "w").write_text(str(step))
         gate = hp.get("gate")
-        if gate and step == 1:
+        if gate and step == hp.get("gate_at", 1):
             deadline = time.monotonic() + 60
             while not pathlib.Path(gate).exists() and time.monotonic() < deadline:
                 if core.preempt.should_preempt():

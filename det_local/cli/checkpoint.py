@@ -60,6 +60,17 @@ def checkpoints_table(ckpts: Iterable[CheckpointRecord]) -> str:
     return table(headers, rows, flex=(), optional=("Created",))
 
 
+def confirm(question: str) -> bool:
+    """Ask a yes/no question (no by default); False when there is nobody to answer (stdin
+    closed), so that a script without --yes deletes nothing."""
+    try:
+        return bool(typer.confirm(question, default=False))
+    except Exception as err:  # click's Abort (typer may bundle its own click): EOF, Ctrl-C
+        if type(err).__name__ == "Abort":
+            return False
+        raise
+
+
 # ---------------------------------------------------------------------------- commands
 @app.command("list")
 def list_checkpoints(
@@ -166,7 +177,7 @@ def delete(
     for uuid in uuids:
         store.get_checkpoint(uuid)  # a clear error for an unknown uuid, before asking
     n = len(uuids)
-    if not yes and not typer.confirm(f"Delete {n} checkpoint{'s' if n != 1 else ''}' files?"):
+    if not yes and not confirm(f"Delete the files of {n} checkpoint{'s' if n != 1 else ''}?"):
         print("aborted; nothing was deleted")
         raise typer.Exit(1)
     print(control_job("checkpoint_delete", {"uuids": uuids}))

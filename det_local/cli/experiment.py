@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from det_local.cli import attach, history
-from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
 from det_local.sched.priority import HELP as PRIORITY_HELP
@@ -301,7 +301,7 @@ def delete(
     from det_local.api import open_store
 
     exp = open_store().get_experiment(experiment_id)  # a clear error for an unknown id
-    if not yes and not typer.confirm(
+    if not yes and not confirm(
         f"Delete experiment {experiment_id} ({exp.name}) with its checkpoints and logs?"
     ):
         print("aborted; nothing was deleted")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from det_local.cli.checkpoint import JsonFlag, fmt_time
+from det_local.cli.checkpoint import JsonFlag, confirm, fmt_time
 
 if TYPE_CHECKING:
     from det_local.store.registry import ModelRecord, VersionRecord
@@ -171,7 +171,7 @@ def delete(
     from det_local.api import open_store
 
     m = open_store().models.get(model)
-    if not yes and not typer.confirm(f"Delete model {m.name!r} and its {m.num_versions} versions?"):
+    if not yes and not confirm(f"Delete model {m.name!r} and its {m.num_versions} versions?"):
         print("aborted; nothing was deleted")
         raise typer.Exit(1)
     print(_send("model_delete", {"model": m.name}))
