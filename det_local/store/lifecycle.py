@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from det_local.store.sql import Db, dumps
+from det_local.store.sql import Db, Savepoint, dumps
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments_archived (
@@ -60,7 +60,7 @@ class LifecycleTable:
             )
         ]
         marks = ", ".join("?" * len(keep))
-        with self.db.transaction():
+        with Savepoint(self.db, "delete_experiment"):
             for tid in trials:
                 self.db.write("DELETE FROM metrics WHERE trial_id=?", (tid,))
             self.db.write(

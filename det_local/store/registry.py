@@ -17,7 +17,7 @@ from typing import Any
 
 from det_local.errors import DetLocalError, NotFoundError
 from det_local.store.records import json_safe
-from det_local.store.sql import Db, dumps
+from det_local.store.sql import Db, Savepoint, dumps
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -295,6 +295,6 @@ class ModelRegistry:
         )
 
     def delete(self, model_id: int) -> None:
-        with self.db.transaction():
+        with Savepoint(self.db, "delete_model"):
             self.db.write("DELETE FROM model_versions WHERE model_id=?", (model_id,))
             self.db.write("DELETE FROM models WHERE id=?", (model_id,))

@@ -1,15 +1,19 @@
 """Killing one trial; archiving and deleting experiments; deleting checkpoints and editing
 their metadata. One handler per request op (:data:`HANDLERS`), as in `sched/handlers.py`.
 
-Deleting removes files with the owner's rights (a root daemon acts for users), marks first,
-files next, records last (durable before acting): a delete interrupted by a crash leaves
-DELETED marks that the same request, sent again, finishes. Files are removed while the request
-is answered (the engine waits for them); checkpoint GC's large batches run off the loop instead.
+Deleting is durable before acting: the records change with the request (checkpoints marked
+DELETED, an experiment's rows removed), committed with its answer; the files go after the
+commit (`_after_commit`), with the owner's rights (a root daemon acts for users). Should the
+engine stop in between, those files stay on disk, unreferenced (a failure to remove one is
+logged, naming it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 from det_local.errors import DetLocalError, NotFoundError, StateError
@@ -37,6 +41,8 @@ class Engine(trialexit.Host, Protocol):
 
     def experiment(self, experiment_id: int) -> ExperimentRun: ...
 
+    loop: asyncio.AbstractEventLoop | None
+
 
 def _engine(c: Controls) -> Engine:
     return cast(Engine, c)
@@ -44,6 +50,41 @@ def _engine(c: Controls) -> Engine:
 
 def _owner_identity(c: Controls, experiment_id: int) -> dict[str, Any]:
     return identity(uid_of(c.store.get_experiment(experiment_id).user))
+
+
+def _after_commit(c: Controls, work: Callable[[], None]) -> None:
+    """Run `work` once the request's changes are committed: at once when there is no open
+    transaction (an engine acting for one request, autocommitting), else on the engine's
+    loop's next turn (the spool server commits the request and its answer first)."""
+    loop = _engine(c).loop
+    if c.store.conn.in_transaction and loop is not None and loop.is_running():
+        loop.call_soon(_logged, c, work)
+    else:
+        work()
+
+
+def _logged(c: Controls, work: Callable[[], None]) -> None:
+    try:
+        work()
+    except Exception as err:  # the engine goes on; the files stay for a person to remove
+        c.log_safely(f"removing deleted files failed: {err}")
+
+
+def _remover(
+    c: Controls, targets: list[tuple[str, str]], ident: dict[str, Any]
+) -> Callable[[], None]:
+    def remove() -> None:
+        _, failed = remove_files(targets, ident)
+        for failure in failed:
+            c.log_safely(f"could not remove deleted checkpoint {failure}; remove it by hand")
+
+    return remove
+
+
+def _mark_deleted(c: Controls, ckpts: list[CheckpointRecord]) -> None:
+    for k in ckpts:
+        if k.state != CheckpointState.DELETED:
+            c.store.mark_checkpoint_deleted(k.uuid)  # no BEGIN: the request's own transaction
 
 
 # ---------------------------------------------------------------------- trials
@@ -113,30 +154,35 @@ def experiment_delete(c: Controls, req: Request) -> str:
     registered = c.store.models.registered()
     ckpts = c.store.list_checkpoints(experiment_id=exp_id)
     doomed = [k for k in ckpts if k.uuid not in registered]
-    _remove_checkpoints(c, exp_id, doomed)
     kept = len(ckpts) - len(doomed)
-    shutil.rmtree(engine.paths.experiment_dir(exp_id), ignore_errors=True)  # logs, snapshot
-    engine.paths.experiment_env(exp_id).unlink(missing_ok=True)
+    ident = _owner_identity(c, exp_id)
+    targets = [(k.uuid, k.path) for k in doomed]
+    targets += c.store.list_incomplete_checkpoints(experiment_id=exp_id)
+    _mark_deleted(c, doomed)
     c.store.lifecycle.delete_experiment(exp_id, registered)
     engine.experiments.pop(exp_id, None)
+    exp_dir = engine.paths.experiment_dir(exp_id)  # logs, the context snapshot
+    env_file = engine.paths.experiment_env(exp_id)
+    remove_checkpoints = _remover(c, targets, ident)
+
+    def remove() -> None:
+        remove_checkpoints()
+        _remove_tree(exp_dir)
+        env_file.unlink(missing_ok=True)
+
+    _after_commit(c, remove)
     return f"experiment {exp_id} deleted" + (
         f" ({kept} checkpoint{'s' if kept != 1 else ''} registered in a model kept)" if kept else ""
     )
 
 
-def _remove_checkpoints(c: Controls, exp_id: int, ckpts: list[CheckpointRecord]) -> None:
-    """Mark DELETED (committed), then remove the files as the experiment's owner."""
-    live = [k.uuid for k in ckpts if k.state != CheckpointState.DELETED]
-    if live:
-        c.store.mark_checkpoints_deleted(live)
-    targets = [(k.uuid, k.path) for k in ckpts]
-    targets += c.store.list_incomplete_checkpoints(experiment_id=exp_id)
-    _, failed = remove_files(targets, _owner_identity(c, exp_id))
-    if failed:
-        raise DetLocalError(
-            f"experiment {exp_id}: could not remove checkpoint {failed[0]}; "
-            "remove it by hand, then ask again"
-        )
+def _remove_tree(path: Path) -> None:
+    """The experiment's directory in the home (the engine's own: removed with its rights;
+    rmtree never follows a link out of it)."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -174,12 +220,9 @@ def checkpoint_delete(c: Controls, req: Request) -> str:
     for k in ckpts:
         by_exp.setdefault(k.experiment_id, []).append(k)
     for exp_id, group in by_exp.items():
-        live = [k.uuid for k in group if k.state != CheckpointState.DELETED]
-        if live:
-            c.store.mark_checkpoints_deleted(live)
-        _, failed = remove_files([(k.uuid, k.path) for k in group], _owner_identity(c, exp_id))
-        if failed:
-            raise DetLocalError(f"could not remove checkpoint {failed[0]}; remove it by hand")
+        _mark_deleted(c, group)
+        targets = [(k.uuid, k.path) for k in group]
+        _after_commit(c, _remover(c, targets, _owner_identity(c, exp_id)))
     n = len(uuids)
     return f"deleted {n} checkpoint{'s' if n != 1 else ''}"
 
