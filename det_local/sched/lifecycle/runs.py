@@ -114,6 +114,7 @@ def trial_kill(c: Controls, req: Request) -> str:
     c.store.set_trial_state(trial_id, State.CANCELED, f"killed by {req.user}")
     request_id = exp.request_of.get(trial_id)
     if request_id is not None:
+        exp.waiting.discard(request_id)  # a <=0.37 ASHA trial waiting to be promoted
         engine.apply(exp, exp.searcher.on_trial_exited_early(request_id, "USER_CANCELED"))
     engine.queue.schedule()
     trialexit.finish_if_done(engine, exp)
