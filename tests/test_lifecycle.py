@@ -45,6 +45,12 @@ def test_trial_kill_stops_one_trial_and_the_search_goes_on(dl: Env) -> None:
     states = [t.state for t in dl.trials(1)]
     assert states == [State.CANCELED, State.CANCELED, State.COMPLETED], states
     assert "trial 1 killed by root" in dl.events(1)
+    # the searcher heard both as exited early, USER_CANCELED (Determined's trialExitedEarly)
+    snapshot = dl.store().get_searcher_state(1)
+    assert snapshot is not None
+    request_of = {trial: rid for rid, trial in snapshot["trial_of"].items()}
+    canceled = snapshot["searcher"]["state"]["canceled"]
+    assert sorted(canceled) == sorted([request_of[1], request_of[2]])
     one_line_error(dl.det("trial", "kill", "9"), "trial 9 not found")
     r = dl.det("trial", "kill", "3")
     assert r.rc == 0 and r.out == "trial 3 is already COMPLETED\n", r
