@@ -708,8 +708,8 @@ def models_json() -> list[dict[str, Any]]:
 
 
 def model_json(identifier: str | int) -> dict[str, Any]:
-    """`model describe --json` and /api/models/NAME: the model and its versions, each with the
-    checkpoint it points at (None when that record is gone)."""
+    """/api/models/NAME: the model and its versions, each with the checkpoint it points at
+    (None when that record is gone; "experiment_deleted" when its experiment was deleted)."""
     from det_local.errors import NotFoundError
 
     store = open_store()
@@ -720,5 +720,11 @@ def model_json(identifier: str | int) -> dict[str, Any]:
             ckpt: dict[str, Any] | None = store.get_checkpoint(v.checkpoint_uuid).to_json()
         except NotFoundError:
             ckpt = None
+        if ckpt is not None:  # its experiment may have been deleted (the checkpoint stays)
+            try:
+                store.get_experiment(int(ckpt["experiment_id"]))
+                ckpt["experiment_deleted"] = False
+            except NotFoundError:
+                ckpt["experiment_deleted"] = True
         versions.append({**v.to_json(), "checkpoint": ckpt})
     return {"model": model.to_json(), "versions": versions}

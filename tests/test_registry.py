@@ -36,6 +36,7 @@ def test_registry_from_the_cli(dl: Env) -> None:
     ]
     described = dl.json("model", "describe", "mnist-cnn", "--json")
     assert [v["checkpoint_uuid"] for v in described["versions"]] == uuids[1:3]
+    assert dl.det("m", "ls").out == dl.det("model", "list").out  # Determined's short names
     versions = dl.det("model", "list-versions", "mnist-cnn")
     assert versions.rc == 0 and uuids[1] in versions.out and "1/1" in versions.out
     text = dl.det("model", "describe", "mnist-cnn").out
@@ -202,3 +203,11 @@ def test_experiment_delete_keeps_registered_checkpoints(dl: Env, client: Any) ->
     assert (Path(version.checkpoint.download()) / "w").read_text() == "2"
     # the record of a registered checkpoint outlives its experiment: listing it by uuid works
     assert dl.json("checkpoint", "describe", kept.uuid, "--json")["uuid"] == kept.uuid
+    # the dashboard names the deleted experiment instead of linking to it
+    from _dashboard import asgi_get
+
+    from det_local.web.app import create_app
+
+    _, _, body = asgi_get(create_app(), "/models/keep", {"host": "localhost:8080"})
+    page = body.decode()
+    assert "experiment 1 (deleted) / trial 1" in page and 'href="/trials/1"' not in page

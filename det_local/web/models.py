@@ -62,11 +62,15 @@ def models_page(request: Request) -> Response:
 
 
 def _checkpoint_cells(c: dict[str, Any] | None) -> list[Any]:
+    """Where the version's checkpoint comes from (linked), its steps and its state."""
     if c is None:
-        return ["(record gone)", "", "", ""]
+        return ["(record gone)", "", ""]
+    if c.get("experiment_deleted"):
+        where = f"experiment {c['experiment_id']} (deleted) / trial {c['trial_id']}"
+        return [where, c["steps_completed"], state_badge(str(c["state"]))]
     trial = link(f"/trials/{int(c['trial_id'])}", f"trial {c['trial_id']}")
     exp = link(f"/experiments/{int(c['experiment_id'])}", f"experiment {c['experiment_id']}")
-    return [join([exp, " / ", trial]), c["steps_completed"], state_badge(str(c["state"])), ""]
+    return [join([exp, " / ", trial]), c["steps_completed"], state_badge(str(c["state"]))]
 
 
 @html_errors
@@ -88,7 +92,7 @@ def model_page(request: Request) -> Response:
         [
             v["version"],
             tag("code", v["checkpoint_uuid"]),
-            *_checkpoint_cells(v["checkpoint"])[:3],
+            *_checkpoint_cells(v["checkpoint"]),
             v["user"],
             fmt_time(v["created_at"]),
         ]
