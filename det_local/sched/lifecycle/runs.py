@@ -18,7 +18,7 @@ from typing import Any, Protocol, cast
 
 from det_local.errors import DetLocalError, NotFoundError, StateError
 from det_local.sched import trialexit
-from det_local.sched.ckpt_gc import remove_files
+from det_local.sched.ckpt_gc import CheckpointGC, remove_files
 from det_local.sched.experiments import ExperimentRun, TrialRun
 from det_local.sched.handlers import Controls, Handler, authorize, own_experiment
 from det_local.sched.jobqueue import JobQueue
@@ -42,6 +42,7 @@ class Engine(trialexit.Host, Protocol):
     def experiment(self, experiment_id: int) -> ExperimentRun: ...
 
     loop: asyncio.AbstractEventLoop | None
+    gc: CheckpointGC
 
 
 def _engine(c: Controls) -> Engine:
@@ -151,6 +152,10 @@ def experiment_delete(c: Controls, req: Request) -> str:
         raise StateError(
             f"experiment {exp_id} is {rec.state.value}; it cannot be deleted while it runs or "
             f"is paused (`det-local experiment kill {exp_id}` first)"
+        )
+    if exp_id in engine.gc.running:
+        raise StateError(
+            f"experiment {exp_id}: checkpoint GC is still removing its files; ask again in a moment"
         )
     registered = c.store.models.registered()
     ckpts = c.store.list_checkpoints(experiment_id=exp_id)
