@@ -152,6 +152,10 @@ def test_find_the_top_performing_checkpoint_and_sort_checkpoints(dl: Env, client
     )  # fmt: skip
     assert dl.det("run", "-q", cfg2, ctx2).rc == 0
     assert [c.steps_completed for c in client.get_experiment(2).list_checkpoints()] == [4, 2]
+    done = client.list_experiments(states=[client.ExperimentState.COMPLETED])
+    assert [e.id for e in done] == [1, 2] and done[1].config["searcher"]["metric"] == "accuracy"
+    assert [e.id for e in client.list_experiments(users=["nobody-here"])] == []
+    assert [e.id for e in client.list_experiments(order_by=client.OrderBy.DESC)] == [2, 1]
 
     with pytest.raises(AssertionError, match="^sort_by and order_by must be either both set"):
         exp.list_checkpoints(sort_by="accuracy")
