@@ -309,20 +309,30 @@ VALIDATION = "validation"
 MAX_POINTS = 2000  # per series, what the dashboard's charts get (downsampled in the store)
 
 
-def list_experiments(*, all_users: bool = True, with_config: bool = False) -> list[Any]:
-    """Experiments oldest first (ExperimentRecords), every user's or only this user's."""
+def list_experiments(
+    *, all_users: bool = True, with_config: bool = False, archived: bool = True
+) -> list[Any]:
+    """Experiments oldest first (ExperimentRecords), every user's or only this user's;
+    archived ones too unless ``archived`` is False (`experiment archive`)."""
     from det_local.store.db import current_user
 
-    exps = open_store().list_experiments(with_config=with_config)
+    store = open_store()
+    exps = store.list_experiments(with_config=with_config)
     if not all_users:
         user = current_user()
         exps = [e for e in exps if e.user == user]
+    if not archived:
+        hidden = store.lifecycle.archived()
+        exps = [e for e in exps if e.id not in hidden]
     return exps
 
 
-def experiments_json(*, all_users: bool = True) -> list[dict[str, Any]]:
-    """`experiment list --json`."""
-    return [e.to_json() for e in list_experiments(all_users=all_users, with_config=True)]
+def experiments_json(*, all_users: bool = True, archived: bool = True) -> list[dict[str, Any]]:
+    """`experiment list --json` (each with "archived")."""
+    store = open_store()
+    hidden = store.lifecycle.archived()
+    exps = list_experiments(all_users=all_users, with_config=True, archived=archived)
+    return [{**e.to_json(), "archived": e.id in hidden} for e in exps]
 
 
 def experiment_json(experiment_id: int) -> dict[str, Any]:
@@ -784,3 +794,32 @@ def idle_notes(job_ids: list[int] | None = None) -> dict[int, str]:
     from det_local.usage.readers import idle_notes as read
 
     return read(open_store(), job_ids)
+
+
+# ---------------------------------------------------------------------------- the model registry
+def models_json() -> list[dict[str, Any]]:
+    """`model list --json` and the dashboard's /api/models: every model, by name."""
+    return [m.to_json() for m in open_store().models.select()]
+
+
+def model_json(identifier: str | int) -> dict[str, Any]:
+    """/api/models/NAME: the model and its versions, each with the checkpoint it points at
+    (None when that record is gone; "experiment_deleted" when its experiment was deleted)."""
+    from det_local.errors import NotFoundError
+
+    store = open_store()
+    model = store.models.get(identifier)
+    versions = []
+    for v in store.models.versions(model.id):
+        try:
+            ckpt: dict[str, Any] | None = store.get_checkpoint(v.checkpoint_uuid).to_json()
+        except NotFoundError:
+            ckpt = None
+        if ckpt is not None:  # its experiment may have been deleted (the checkpoint stays)
+            try:
+                store.get_experiment(int(ckpt["experiment_id"]))
+                ckpt["experiment_deleted"] = False
+            except NotFoundError:
+                ckpt["experiment_deleted"] = True
+        versions.append({**v.to_json(), "checkpoint": ckpt})
+    return {"model": model.to_json(), "versions": versions}

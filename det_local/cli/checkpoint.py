@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Checkpoints: list, describe, download.",
+    help="Checkpoints: list, describe, download, delete.",
 )
 
 __all__ = ["JsonFlag", "fmt_time", "fmt_value"]
@@ -58,6 +58,17 @@ def checkpoints_table(ckpts: Iterable[CheckpointRecord]) -> str:
     ]
     headers = ["UUID", "Trial", "Steps", "State", "Size", "Created"]
     return table(headers, rows, flex=(), optional=("Created",))
+
+
+def confirm(question: str) -> bool:
+    """Ask a yes/no question (no by default); False when there is nobody to answer (stdin
+    closed), so that a script without --yes deletes nothing."""
+    try:
+        return bool(typer.confirm(question, default=False))
+    except Exception as err:  # click's Abort (typer may bundle its own click): EOF, Ctrl-C
+        if type(err).__name__ == "Abort":
+            return False
+        raise
 
 
 # ---------------------------------------------------------------------------- commands
@@ -151,3 +162,22 @@ def download(
 
     download_checkpoint(ckpt, dest)
     print(dest)
+
+
+@app.command("delete")
+def delete(
+    uuids: Annotated[list[str], typer.Argument(metavar="UUID...", help="The checkpoints' UUIDs.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete checkpoints' files (their records stay, DELETED). Refused for a checkpoint
+    registered in a model or one of a running experiment."""
+    from det_local.api import control_job, open_store
+
+    store = open_store()
+    for uuid in uuids:
+        store.get_checkpoint(uuid)  # a clear error for an unknown uuid, before asking
+    n = len(uuids)
+    if not yes and not confirm(f"Delete the files of {n} checkpoint{'s' if n != 1 else ''}?"):
+        print("aborted; nothing was deleted")
+        raise typer.Exit(1)
+    print(control_job("checkpoint_delete", {"uuids": uuids}))

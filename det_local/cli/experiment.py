@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from det_local.cli import attach, history
-from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
 from det_local.sched.priority import HELP as PRIORITY_HELP
@@ -17,7 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     help="Experiments: create, list, describe, logs, wait, events, pause, activate, kill, label, "
-    "set priority.",
+    "set priority, archive, unarchive, delete.",
 )
 label_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Add or remove an experiment's labels."
@@ -71,18 +71,26 @@ def create(
 @app.command("list")
 def list_experiments(
     all_users: Annotated[
-        bool, typer.Option("--all", "-a", help="Every user's experiments, not only yours.")
+        bool,
+        typer.Option(
+            "--all", "-a", help="Every user's experiments, archived ones included, not only yours."
+        ),
+    ] = False,
+    archived: Annotated[
+        bool, typer.Option("--archived", help="Archived experiments too (`experiment archive`).")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """List experiments (yours unless --all), oldest first."""
+    """List experiments (yours unless --all; archived ones only with --all or --archived),
+    oldest first."""
     from det_local import api
     from det_local.cli.common import print_json, table
 
+    shown = all_users or archived
     if as_json:
-        print_json(api.experiments_json(all_users=all_users))
+        print_json(api.experiments_json(all_users=all_users, archived=shown))
         return
-    exps = api.list_experiments(all_users=all_users)  # one query; configs are not read
+    exps = api.list_experiments(all_users=all_users, archived=shown)  # configs are not read
     rows = [
         [
             e.id,
@@ -261,3 +269,41 @@ def best(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         print(f"  checkpoint: {c['uuid']} (steps_completed={c['steps_completed']}) at {c['path']}")
     else:
         print("  checkpoint: none recorded")
+
+
+# ---------------------------------------------------------------------------- after the run
+def _send(op: str, payload: dict[str, object]) -> None:
+    from det_local.api import control_job
+
+    print(control_job(op, payload))
+
+
+@app.command("archive")
+def archive(experiment_id: ExperimentId) -> None:
+    """Archive an ended experiment: it leaves `experiment list` (shown with --all or
+    --archived); nothing is deleted."""
+    _send("experiment_archive", {"experiment_id": experiment_id})
+
+
+@app.command("unarchive")
+def unarchive(experiment_id: ExperimentId) -> None:
+    """Bring an archived experiment back into `experiment list`."""
+    _send("experiment_unarchive", {"experiment_id": experiment_id})
+
+
+@app.command("delete")
+def delete(
+    experiment_id: ExperimentId,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete an ended experiment: its checkpoints (but those registered in a model), its
+    logs, its context snapshot and its records. Refused while it runs."""
+    from det_local.api import open_store
+
+    exp = open_store().get_experiment(experiment_id)  # a clear error for an unknown id
+    if not yes and not confirm(
+        f"Delete experiment {experiment_id} ({exp.name}) with its checkpoints and logs?"
+    ):
+        print("aborted; nothing was deleted")
+        raise typer.Exit(1)
+    _send("experiment_delete", {"experiment_id": experiment_id})

@@ -15,12 +15,20 @@ from typer.core import TyperCommand, TyperGroup
 
 # group name -> {alias: command}; the top level is named "det-local"
 ALIASES: dict[str, dict[str, str]] = {
-    "det-local": {"e": "experiment", "t": "trial", "c": "checkpoint", "command": "cmd", "j": "job"},
+    "det-local": {
+        "e": "experiment",
+        "t": "trial",
+        "c": "checkpoint",
+        "command": "cmd",
+        "j": "job",
+        "m": "model",
+    },
     "experiment": {"ls": "list", "unpause": "activate"},
     "trial": {"ls": "list"},
     "checkpoint": {"ls": "list"},
     "job": {"ls": "list", "u": "update"},
     "cmd": {"ls": "list"},
+    "model": {"ls": "list"},
 }
 
 

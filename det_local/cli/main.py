@@ -6,7 +6,18 @@ import sys
 
 import typer
 
-from det_local.cli import checkpoint, cluster, cmd, config, daemon, daytwo, experiment, job, trial
+from det_local.cli import (
+    checkpoint,
+    cluster,
+    cmd,
+    config,
+    daemon,
+    daytwo,
+    experiment,
+    job,
+    model,
+    trial,
+)
 from det_local.cli.common import run_cli
 from det_local.cli.completion import completion_command
 from det_local.cli.dashboard import dashboard_command
@@ -56,6 +67,7 @@ experiment.app.command("continue")(daytwo.continue_experiment)
 app.add_typer(experiment.app, name="experiment", cls=DetGroup)
 app.add_typer(trial.app, name="trial", cls=DetGroup)
 app.add_typer(checkpoint.app, name="checkpoint", cls=DetGroup)
+app.add_typer(model.app, name="model", cls=DetGroup)
 app.add_typer(config.app, name="config", cls=DetGroup)
 app.add_typer(job.app, name="job", cls=DetGroup)
 app.add_typer(cmd.app, name="cmd", cls=DetGroup)

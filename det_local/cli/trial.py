@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Trials: list, describe, metrics, logs.",
+    help="Trials: list, describe, metrics, logs, kill.",
 )
 app.command("metrics")(trial_metrics)
 
@@ -201,3 +201,14 @@ def logs(
             os.dup2(devnull, sys.stdout.fileno())
         except (OSError, ValueError):
             pass
+
+
+@app.command("kill")
+def kill(
+    trial_id: Annotated[int, typer.Argument(metavar="TRIAL_ID", help="The trial's id.")],
+) -> None:
+    """Stop one trial of a search now; it ends CANCELED and the searcher goes on without it
+    (as Determined's searchers hear a trial that exited early)."""
+    from det_local.api import control_job
+
+    print(control_job("trial_kill", {"trial_id": trial_id}))

@@ -1,6 +1,7 @@
 """Request dispatch: a spool request's answer, from the handler its ``op`` names.
 
-`sched/handlers.py` holds one handler per request type (``HANDLERS``, keyed by op). Here a
+`sched/handlers.py` holds one handler per request type (``HANDLERS``, keyed by op);
+`sched/lifecycle/` those about results after the fact (trial kill, deletions, models). Here a
 request is turned into its answer: ``{"value": ...}``, or ``{"error": one line}`` for an
 unknown op, a refused or malformed request or a handler's error. An error of the machine rather
 than of the request (a full disk, a locked database) is raised instead: the request stays in
@@ -14,6 +15,7 @@ import sqlite3
 from typing import Any
 
 from det_local.errors import DetLocalError
+from det_local.sched import lifecycle
 from det_local.sched.handlers import HANDLERS, Controls
 from det_local.sched.spool import Request
 
@@ -34,7 +36,7 @@ def transient(err: BaseException) -> bool:
 
 
 def apply_request(controls: Controls, req: Request) -> dict[str, Any]:
-    handler = HANDLERS.get(req.op)
+    handler = HANDLERS.get(req.op) or lifecycle.HANDLERS.get(req.op)
     if handler is None:
         return {"error": f"unknown request '{req.op}' in {req.path.name}"}
     try:

@@ -20,8 +20,10 @@ from det_local.store import (
     checkpoint_table,
     drains,
     experiments,
+    lifecycle,
     logpolicies,
     metrics,
+    registry,
     trials,
     trialstarts,
     usage,
@@ -29,7 +31,9 @@ from det_local.store import (
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
+from det_local.store.lifecycle import LifecycleTable
 from det_local.store.metrics import EventTable, MetricTable
+from det_local.store.registry import ModelRegistry
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
 from det_local.store.trialstarts import TrialStartTable
@@ -49,6 +53,8 @@ SCHEMA = (
     + usage.SCHEMA
     + drains.SCHEMA
     + logpolicies.SCHEMA
+    + registry.SCHEMA
+    + lifecycle.SCHEMA
 )
 
 
@@ -159,6 +165,8 @@ class Store:
         self.usage = UsageTable(self.db)
         self.drains = drains.DrainTable(self.conn)
         self.log_policies = logpolicies.LogPolicyTable(self.conn)
+        self.models = ModelRegistry(self.db)  # the model registry (`store/registry.py`)
+        self.lifecycle = LifecycleTable(self.db)  # archived experiments, deletions
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -42,3 +42,22 @@ class Txn:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+class Savepoint:
+    """``SAVEPOINT`` ... ``RELEASE`` (``ROLLBACK TO`` when the block raises): atomic inside a
+    spool request's transaction (which a ``BEGIN`` cannot nest in) and outside one alike."""
+
+    def __init__(self, db: Db, name: str) -> None:
+        assert not db.readonly, "the store was opened read-only"
+        self.conn = db.conn
+        self.name = name
+
+    def __enter__(self) -> Savepoint:
+        self.conn.execute(f"SAVEPOINT {self.name}")
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type:
+            self.conn.execute(f"ROLLBACK TO {self.name}")
+        self.conn.execute(f"RELEASE {self.name}")

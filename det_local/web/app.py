@@ -14,7 +14,17 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from det_local.web import cluster, commands, compare, curvesapi, hparams, jsonapi, pages, usage
+from det_local.web import (
+    cluster,
+    commands,
+    compare,
+    curvesapi,
+    hparams,
+    jsonapi,
+    models,
+    pages,
+    usage,
+)
 from det_local.web.guard import STANDALONE_HINT, App, Guard, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -88,6 +98,7 @@ def create_app(
             *cluster.ROUTES,
             *commands.ROUTES,
             *usage.ROUTES,
+            *models.ROUTES,
             *jsonapi.routes(),
             *pages.ROUTES,
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),

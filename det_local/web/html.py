@@ -72,6 +72,7 @@ NAV = (
     ("Cluster", "/cluster"),
     ("Commands", "/commands"),
     ("Usage", "/usage"),
+    ("Models", "/models"),
 )
 
 

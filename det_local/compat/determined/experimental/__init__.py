@@ -1,6 +1,47 @@
-"""`determined.experimental`: the SDK names det-local provides (client.get_checkpoint)."""
+"""`determined.experimental`: the SDK's names (det_local/sdk/), as Determined 0.38 exports them."""
 
-from . import client
-from .client import Checkpoint
+from det_local.sdk.client import (
+    Checkpoint,
+    CheckpointSortBy,
+    CheckpointState,
+    Determined,
+    DownloadMode,
+    Experiment,
+    ExperimentSortBy,
+    ExperimentState,
+    Model,
+    ModelSortBy,
+    ModelVersion,
+    OrderBy,
+    TrainingMetrics,
+    Trial,
+    TrialMetrics,
+    TrialSortBy,
+    TrialState,
+    ValidationMetrics,
+)
 
-__all__ = ["Checkpoint", "client"]
+from . import checkpoint, client
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointSortBy",
+    "CheckpointState",
+    "Determined",
+    "DownloadMode",
+    "Experiment",
+    "ExperimentSortBy",
+    "ExperimentState",
+    "Model",
+    "ModelSortBy",
+    "ModelVersion",
+    "OrderBy",
+    "TrainingMetrics",
+    "Trial",
+    "TrialMetrics",
+    "TrialSortBy",
+    "TrialState",
+    "ValidationMetrics",
+    "checkpoint",
+    "client",
+]

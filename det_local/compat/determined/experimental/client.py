@@ -1,4 +1,8 @@
-"""`determined.experimental.client`: re-exports det_local.trial.client."""
+"""`determined.experimental.client`: det_local.sdk.client itself (not a copy of its names:
+login() sets the module's default client, which the module functions read)."""
 
-from det_local.trial.client import *  # noqa: F403
-from det_local.trial.client import __all__  # noqa: F401
+import sys
+
+from det_local.sdk import client as _client
+
+sys.modules[__name__] = _client
