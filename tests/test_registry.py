@@ -134,16 +134,14 @@ def test_registry_from_the_sdk(dl: Env, client: Any) -> None:  # noqa: F811
 
 
 def test_registry_on_the_dashboard(dl: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    from _dashboard import asgi_get
-
-    from det_local.web.app import create_app
+    from _dashboard import asgi_get, token_app
 
     _run(dl)
     uuid = dl.checkpoints(1)[1].uuid
     assert dl.det("model", "create", "resnet <b>", "-d", "<script>x</script>").rc == 0
     assert dl.det("model", "register-version", "resnet <b>", uuid).rc == 0
     monkeypatch.setenv("DET_LOCAL_HOME", str(dl.home))
-    app = create_app()
+    app = token_app()
     host = {"host": "localhost:8080"}
     status, _, body = asgi_get(app, "/models", host)
     page = body.decode()
@@ -204,10 +202,8 @@ def test_experiment_delete_keeps_registered_checkpoints(dl: Env, client: Any) ->
     # the record of a registered checkpoint outlives its experiment: listing it by uuid works
     assert dl.json("checkpoint", "describe", kept.uuid, "--json")["uuid"] == kept.uuid
     # the dashboard names the deleted experiment instead of linking to it
-    from _dashboard import asgi_get
+    from _dashboard import asgi_get, token_app
 
-    from det_local.web.app import create_app
-
-    _, _, body = asgi_get(create_app(), "/models/keep", {"host": "localhost:8080"})
+    _, _, body = asgi_get(token_app(), "/models/keep", {"host": "localhost:8080"})
     page = body.decode()
     assert "experiment 1 (deleted) / trial 1" in page and 'href="/trials/1"' not in page
