@@ -15,6 +15,8 @@ cgroups: auto             # each job in its own cgroup: auto, v2, v1, or false (
                           # DET_LOCAL_CGROUPS decides (same values), else auto
 federation: {port: 47800} # see det_local/federate/settings.py and docs/system-mode.md
 dashboard: {port: 8080}   # the daemon runs `det-local dashboard` (det_local/web/supervisor.py)
+resource_pools:           # where trials may run besides this machine (det_local/pools/)
+  hpc: {slurm: {partition: debug}}
 ```
 """
 
@@ -56,14 +58,15 @@ class DaemonSettings:
             raise ConfigError(str(err)) from None
 
 
-# federation and dashboard: read and checked by det_local.federate and det_local.web (sched
-# imports neither)
-_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation", "dashboard"}
+# federation, dashboard and resource_pools: read and checked by det_local.federate,
+# det_local.web and det_local.pools
+_TOP = {"scheduler", "slots", "admin_group", "cgroups", "federation", "dashboard", "resource_pools"}
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 
 
-def _check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) -> None:
+def check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) -> None:
+    """ConfigError for a key not in ``allowed``, with a did-you-mean."""
     import difflib
 
     for key in raw:
@@ -95,11 +98,11 @@ def load_settings(path: Path) -> DaemonSettings:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of settings")
-    _check_keys("", raw, _TOP, source)
+    check_keys("", raw, _TOP, source)
     sched = _section(raw, "scheduler", source)
     slots = _section(raw, "slots", source)
-    _check_keys("scheduler.", sched, _SCHED, source)
-    _check_keys("slots.", slots, _SLOTS, source)
+    check_keys("scheduler.", sched, _SCHED, source)
+    check_keys("slots.", slots, _SLOTS, source)
     mode = sched.get("mode", "priority")
     if mode not in ("priority", "fair_share"):
         raise ConfigError(
