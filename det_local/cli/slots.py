@@ -33,11 +33,23 @@ def slots_command(
         print_json(rows)
         return
     print(slots_table(rows))
+    _print_pools()
     note = view.inventory.note
     if note and view.origin == FROM_ENGINE:  # its environment, not this shell's
         note = f"as the running det-local engine found them: {note}"
     if note:
         print(note)
+
+
+def _print_pools() -> None:
+    """The resource pools besides this machine's slots (daemon.yaml's resource_pools)."""
+    from det_local import api
+    from det_local.cli.common import table
+
+    pools = api.pools_rows()
+    if len(pools) > 1:
+        print()
+        print(table(["Pool", "Kind", "Where"], [[p["pool"], p["kind"], p["where"]] for p in pools]))
 
 
 def slots_table(rows: list[dict[str, Any]]) -> str:

@@ -26,7 +26,7 @@ from det_local.sched.launcher import Lost, RunHandle
 from det_local.sched.plan import LaunchPlan
 from det_local.slurm import client
 from det_local.slurm.config import SlurmPool
-from det_local.slurm.script import batch_script
+from det_local.slurm.script import Shape, batch_script
 from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 
@@ -84,6 +84,7 @@ class SlurmLauncher:
         os.close(userfiles.open_log(log, userfiles.owner_of(plan)))
         info = Path(plan.info_dir)
         info.mkdir(parents=True, exist_ok=True)
+        _own_slot_ids(info, Shape.of(slots_of(plan), self.pool).per_node)
         (info / "slurm-batch.sh").write_text(script)  # what was submitted, for people
         slurm_id = client.sbatch(script, plan.uid)
         self.poller.watch(slurm_id)
@@ -173,3 +174,23 @@ def _exit_file(info_dir: str, slurm_id: int) -> int | None:
         return int(Path(info_dir, f"slurm-exit.{slurm_id}").read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _own_slot_ids(info: Path, per_node: int) -> None:
+    """get_cluster_info().slot_ids: the job's own slots on its node (0..n-1, as Slurm numbers
+    what it gives), not this machine's (the run holds none here). Rewritten in place (owner and
+    mode kept), never through a link."""
+    path = info / "cluster.json"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "r+") as f:
+        try:
+            data = json.load(f)
+        except ValueError:
+            return
+        data["slot_ids"] = list(range(per_node))
+        f.seek(0)
+        f.truncate()
+        json.dump(data, f, indent=2)
