@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,17 +152,23 @@ def test_lost_job_is_requeued_and_a_failing_trial_errors(dl: Env, slurm: slurmki
 
 
 def test_time_limit_continues_in_a_second_job(dl: Env, slurm: slurmkit.Slurm) -> None:
-    # one minute per job; Slurm's USR1 comes 50 s before the end (up to a minute early: its
-    # timer ticks once a minute), so the first job is told within seconds, mid-training
-    start_daemon(dl, slurm, sbatch_args=["--time=1"], signal_lead=50)
-    hp = {"batches": 30, "ckpt_every": 5, "delay": 0.2, "record": str(dl.record_path)}
+    """The job's time-limit signal (USR1 to the batch shell, `--signal=B:USR1@N`) mid-training:
+    the trial checkpoints, and a second job continues it. Slurm's own timer sends it up to a
+    minute early (it ticks once a minute), so the test delivers the same signal to the batch
+    shell at a chosen batch with `scancel --signal=USR1 --batch`, as Slurm does at the lead."""
+    start_daemon(dl, slurm, sbatch_args=["--time=10"], signal_lead=300)
+    hp = {"batches": 30, "ckpt_every": 5, "delay": 0.1, "record": str(dl.record_path)}
     cfg, ctx = dl.trainer(hp, {**HPC, "max_restarts": 0})
     assert dl.det("run", "--detach", cfg, ctx).rc == 0
-    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=180, what="completion")
+    wait_for(lambda: dl.store().get_trial(1).steps_completed >= 7, timeout=60, what="batch 7")
+    script = next(dl.home.glob("experiments/1/trials/1/runs/*/slurm-batch.sh")).read_text()
+    assert "#SBATCH --signal=B:USR1@300" in script and "#SBATCH --time=10" in script
+    slurm.run("scancel", "--signal=USR1", "--batch", str(slurm_ids(dl)[0]))
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
     check_exact(dl, 1, 30)
     runs = records(dl)
-    assert len(runs) >= 2 and runs[1]["start"] > 0, runs
-    assert submissions(dl) >= 2
+    assert len(runs) == 2 and runs[1]["start"] >= 7, runs
+    assert submissions(dl) == 2
     assert any("reaches its time limit soon" in e for e in dl.events(1))
     assert dl.store().get_trial(1).restarts == 0
 
@@ -183,31 +188,37 @@ def test_daemon_killed_while_a_job_runs_adopts_it(dl: Env, slurm: slurmkit.Slurm
 
 
 def test_asha_search_across_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
+    from test_search_daemon import SCRIPT
+
     start_daemon(dl, slurm)
+    (dl.tmp / "go").touch()
     config = {
         **HPC,
+        "hyperparameters": {
+            "lr": {"type": "double", "minval": 0.0, "maxval": 1.0},
+            "gate": str(dl.tmp / "go"),
+            "record": str(dl.record_path),
+        },
         "searcher": {
             "name": "adaptive_asha",
             "metric": "loss",
-            "max_length": 8,
+            "time_metric": "batches",
+            "max_time": 8,
             "max_trials": 4,
             "max_concurrent_trials": 2,
             "mode": "aggressive",
+            "divisor": 2,
+            "max_rungs": 3,
         },
-        "hyperparameters": {
-            "batches": 8,
-            "ckpt_every": 4,
-            "lr": {"type": "double", "minval": 0.1, "maxval": 1.0},
-        },
+        "reproducibility": {"experiment_seed": 11},
+        "max_restarts": 0,
     }
-    cfg, ctx = dl.context(
-        Path(__file__).with_name("fixtures").joinpath("trainer.py").read_text(), config
-    )
+    cfg, ctx = dl.context(SCRIPT, config)
     r = dl.det("run", cfg, ctx, timeout=240)
     assert r.rc == 0, r
-    assert "COMPLETED" in r.out
+    assert "Experiment 1 (ctx) COMPLETED" in r.out
     trials = dl.trials(1)
-    assert len(trials) == 4
+    assert len(trials) == 4 and all(t.state == State.COMPLETED for t in trials)
     assert submissions(dl) >= 4  # every trial run was its own Slurm job
     assert slurm.queue() == []
 
