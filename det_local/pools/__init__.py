@@ -22,6 +22,7 @@ from det_local.errors import ConfigError
 
 if TYPE_CHECKING:
     from det_local.sched.launcher import Launcher
+    from det_local.sched.plan import LaunchPlan
     from det_local.slurm.config import SlurmPool
     from det_local.store.jobs import JobRecord
     from det_local.store.paths import Paths
@@ -70,6 +71,15 @@ class Pools:
         from det_local.slurm.submit import check_experiment
 
         check_experiment(self.slurm[name], cfg, home)
+
+    def batch_script(self, name: str | None, plan: LaunchPlan, slots: int) -> str | None:
+        """What a run of this plan is submitted as in pool ``name`` (`config check` shows it);
+        None for this machine's pool."""
+        if is_default(name) or name not in self.slurm:
+            return None
+        from det_local.slurm.script import batch_script
+
+        return batch_script(plan, self.slurm[name], slots)
 
     def pool_of_config(self, config: dict[str, Any]) -> str:
         name = (config.get("resources") or {}).get("resource_pool") or ""

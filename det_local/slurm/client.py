@@ -48,7 +48,9 @@ def tool(name: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()) or "no output"
+    """A command's several lines of error as one (each kept, in order, "; " between)."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    return "; ".join(line for line in lines if line) or "no output"
 
 
 def run(argv: list[str], *, stdin: str | None = None, uid: int | None = None) -> str:
