@@ -234,3 +234,18 @@ def test_slurm_job_id_survives_in_embedded_run(dl: Env, slurm: slurmkit.Slurm) -
     (job,) = dl.jobs()
     shown = slurm.run("scontrol", "show", "job", str(job.pid)).stdout
     assert f"JobId={job.pid}" in shown and "JobState=COMPLETED" in shown
+
+
+def test_pytorch_trial_runs_on_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
+    from test_pytorch_run import TRAIN, config
+
+    start_daemon(dl, slurm)
+    cfg, ctx = dl.context(TRAIN, {**config("pt", {"batches": 8}), **HPC})
+    r = dl.det("run", cfg, ctx, timeout=180)
+    assert r.rc == 0, r
+    assert "Experiment 1 (pt) COMPLETED" in r.out
+    trial = dl.store().get_trial(1)
+    assert trial.state == State.COMPLETED and trial.steps_completed == 8
+    assert [m.steps_completed for m in dl.metrics(1, "validation")] == [4, 8]
+    assert len(dl.checkpoints(1)) >= 1
+    assert submissions(dl) == 1 and slurm.queue() == []
