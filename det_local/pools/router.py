@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from det_local.pools import DEFAULT
 from det_local.sched.launcher import Launcher, Lost, RunHandle
 from det_local.sched.plan import LaunchPlan
 from det_local.store.jobs import JobRecord
@@ -32,7 +31,7 @@ class PoolLauncher:
         return getattr(self.local, name)
 
     def _for_job(self, job: JobRecord) -> Launcher:
-        pool = self.pool_of(job) if job.trial_id is not None else DEFAULT
+        pool = self.pool_of(job) if job.trial_id is not None else ""  # commands: here
         return self.backends.get(pool, self.local)
 
     def _of(self, handle: RunHandle | None) -> Launcher:
