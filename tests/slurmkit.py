@@ -28,10 +28,16 @@ def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports (held open together while chosen, so never the same one)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass
@@ -77,7 +83,7 @@ class Slurm:
 
 
 def _config(root: Path, node: str, partition: str) -> str:
-    ctld, slurmd = _free_port(), _free_port()
+    ctld, slurmd = _free_ports(2)
     host = socket.gethostname()
     return f"""ClusterName=detlocal{os.getpid()}
 SlurmctldHost={host}(127.0.0.1)
@@ -123,7 +129,23 @@ def _sbin(name: str) -> str:
 
 def start(root: Path, *, node: str = "n1", partition: str = "debug") -> Slurm:
     """munged (a private key and socket), then slurmctld -D and slurmd -D; returns once the
-    node is idle (bounded)."""
+    node is idle (bounded). Tried again on new ports when a port was taken meanwhile."""
+    for attempt in range(3):
+        try:
+            return _start(root, node, partition)
+        except PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start(root: Path, node: str, partition: str) -> Slurm:
+    for old in ("slurmctld.log", "slurmd.log"):
+        (root / old).unlink(missing_ok=True)
     for d in ("munge", "state", "spool", "munge/log"):
         (root / d).mkdir(parents=True, exist_ok=True)
     os.chmod(root / "munge", 0o700)
@@ -166,6 +188,10 @@ def start(root: Path, *, node: str = "n1", partition: str = "debug") -> Slurm:
         deadline = time.monotonic() + START_TIMEOUT_S
         delay = 0.05
         while slurm.node_state() != "idle":
+            if any(p.poll() is not None for p in procs) and "Address already in use" in (
+                slurm.logs()
+            ):
+                raise PortTaken(slurm.logs())
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(
                     f"Slurm did not come up (node: {slurm.node_state()!r})\n{slurm.logs()}"
