@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,10 +147,13 @@ class PortTaken(RuntimeError):
 def _start(root: Path, node: str, partition: str) -> Slurm:
     for old in ("slurmctld.log", "slurmd.log"):
         (root / old).unlink(missing_ok=True)
-    for d in ("munge", "state", "spool", "munge/log"):
+    # every user's sbatch must reach the config and munge's socket; the key stays root's
+    for d in ("munge", "munge-key", "state", "spool", "munge-key/log"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    os.chmod(root / "munge", 0o700)
-    key = root / "munge" / "munge.key"
+    os.chmod(root, 0o755)
+    os.chmod(root / "munge", 0o755)
+    os.chmod(root / "munge-key", 0o700)
+    key = root / "munge-key" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
     conf = root / "slurm.conf"
@@ -163,9 +167,9 @@ def _start(root: Path, node: str, partition: str) -> Slurm:
                 _sbin("munged"),
                 f"--socket={root}/munge/munge.socket",
                 f"--key-file={key}",
-                f"--pid-file={root}/munge/munged.pid",
-                f"--log-file={root}/munge/log/munged.log",
-                f"--seed-file={root}/munge/munged.seed",
+                f"--pid-file={root}/munge-key/munged.pid",
+                f"--log-file={root}/munge-key/log/munged.log",
+                f"--seed-file={root}/munge-key/munged.seed",
                 "--force",
             ],
             check=True,
@@ -217,7 +221,7 @@ def stop(slurm: Slurm) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=10)
-    pidfile = slurm.root / "munge" / "munged.pid"
+    pidfile = slurm.root / "munge-key" / "munged.pid"
     if pidfile.exists():
         try:
             pid = int(pidfile.read_text().split()[0])
@@ -239,10 +243,12 @@ def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         )
     if os.geteuid() != 0:
         pytest.skip("the private Slurm needs root (slurmd runs jobs as their users)")
-    # a short root: the munge socket path must fit in sun_path
-    root = Path(tmp_path_factory.mktemp("slurm", numbered=True))
+    # in /tmp, reachable by every user (pytest's own tmp is root's only); a short path: the
+    # munge socket's must fit in sun_path
+    root = Path(tempfile.mkdtemp(prefix="det-local-slurm-", dir="/tmp"))
     slurm = start(root)
     try:
         yield slurm
     finally:
         stop(slurm)
+        shutil.rmtree(root, ignore_errors=True)
