@@ -249,3 +249,20 @@ def test_pytorch_trial_runs_on_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
     assert [m.steps_completed for m in dl.metrics(1, "validation")] == [4, 8]
     assert len(dl.checkpoints(1)) >= 1
     assert submissions(dl) == 1 and slurm.queue() == []
+
+
+def test_job_lost_while_the_daemon_was_down_is_requeued(dl: Env, slurm: slurmkit.Slurm) -> None:
+    start_daemon(dl, slurm)
+    hp = {"batches": 12, "ckpt_every": 4, "hold_at": 4, "record": str(dl.record_path)}
+    cfg, ctx = dl.trainer(hp, {**HPC, "max_restarts": 0})
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: len(dl.checkpoints(1)) == 1, timeout=60, what="the first checkpoint")
+    dl.kill_daemon()
+    slurm.run("scancel", str(slurm_ids(dl)[0]))  # an admin, while no engine watches
+    wait_for(lambda: slurm.queue() == [], timeout=30, what="the job to go")
+    start_daemon(dl, slurm)
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=90, what="completion")
+    check_exact(dl, 1, 12)
+    assert dl.store().get_trial(1).restarts == 0
+    assert [r["start"] for r in records(dl)] == [0, 4]
+    assert any("was cancelled outside det-local" in e for e in dl.events(1))

@@ -160,7 +160,11 @@ class SlurmLauncher:
             return run
         code = self._settle(run, st)
         self.poller.forget(slurm_id)
-        return Lost(code, True, run.lost)
+        # lost to the cluster while no engine watched: no exit status of the trial's own, so
+        # the restart queues it again from its latest checkpoint (max_restarts untouched)
+        return Lost(
+            None if run.lost else code, True, run.lost and f"Slurm job {slurm_id} {run.lost}"
+        )
 
     def cleanup(self, live: set[str]) -> None:
         pass
