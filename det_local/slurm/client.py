@@ -15,8 +15,8 @@ import os
 import pwd
 import shutil
 import subprocess
-import time
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 
 from det_local.errors import TrialError
 
@@ -128,31 +128,70 @@ def show_job(job: int) -> JobState | None:
     return JobState(state, code, fields.get("Reason", ""))
 
 
-@dataclass
 class Poller:
-    """The state of every watched job, from one squeue call per ``interval`` (bounded)."""
+    """The state of every watched job, from one squeue call per ``interval`` (bounded: at most
+    every POLL_MIN_S, backing off to POLL_MAX_S while nothing changes), made by a thread of its
+    own (``start``), so the engine's event loop never waits for Slurm: ``state`` is a read."""
 
-    states: dict[int, JobState] = field(default_factory=dict)
-    interval: float = POLL_MIN_S
-    next_at: float = 0.0
+    def __init__(self) -> None:
+        self.states: dict[int, JobState] = {}
+        self.interval = POLL_MIN_S
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="slurm-poller", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=TIMEOUT_S)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval if self._live() else POLL_MAX_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - never let the poller die; looked at again later
+                self.interval = POLL_MAX_S
+
+    def _live(self) -> list[int]:
+        with self._lock:
+            return [j for j, s in self.states.items() if not s.ended]
+
+    def state(self, job: int) -> JobState | None:
+        with self._lock:
+            return self.states.get(job)
 
     def watch(self, job: int) -> None:
-        self.states.setdefault(job, JobState("PENDING"))
-        self.interval = POLL_MIN_S
-        self.next_at = min(self.next_at, time.monotonic() + POLL_MIN_S)
+        with self._lock:
+            self.states.setdefault(job, JobState("PENDING"))
+        self.hurry()
 
     def forget(self, job: int) -> None:
-        self.states.pop(job, None)
+        with self._lock:
+            self.states.pop(job, None)
 
     def hurry(self) -> None:
-        """Something happened (a signal sent): look again soon."""
+        """Something happened (a job submitted, a signal sent): look again soon."""
         self.interval = POLL_MIN_S
-        self.next_at = min(self.next_at, time.monotonic() + POLL_MIN_S)
+        self._wake.set()
 
-    def refresh(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        live = [j for j, s in self.states.items() if not s.ended]
-        if not live or (not force and now < self.next_at):
+    def refresh(self) -> None:
+        """One squeue call for every watched job that has not ended (and scontrol once for
+        each that has)."""
+        live = self._live()
+        if not live:
             return
         try:
             out = run(
@@ -168,16 +207,19 @@ class Poller:
         changed = False
         for job in live:
             state, reason = seen.get(job, ("", ""))
-            old = self.states[job]
             if state and state not in ENDED:
-                if state != old.state:
-                    changed = True
-                self.states[job] = JobState(state, None, reason)
-                continue
-            shown = show_job(job)  # ended, or forgotten: its exit code
-            self.states[job] = shown or JobState("GONE", None, "Slurm no longer knows the job")
-            if shown is not None and not shown.ended:
-                self.states[job] = JobState(shown.state, None, shown.reason)
-            changed = True
+                new = JobState(state, None, reason)
+            else:
+                shown = show_job(job)  # ended, or forgotten: its exit code
+                if shown is None:
+                    new = JobState("GONE", None, "Slurm no longer knows the job")
+                elif not shown.ended:
+                    new = JobState(shown.state, None, shown.reason)
+                else:
+                    new = shown
+            with self._lock:
+                if job not in self.states:
+                    continue  # forgotten meanwhile
+                changed = changed or self.states[job].state != new.state
+                self.states[job] = new
         self.interval = POLL_MIN_S if changed else min(self.interval * 2, POLL_MAX_S)
-        self.next_at = time.monotonic() + self.interval

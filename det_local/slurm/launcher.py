@@ -68,10 +68,10 @@ class SlurmLauncher:
         self.poller = client.Poller()
 
     def start(self) -> None:
-        pass
+        self.poller.start()
 
     def stop(self) -> None:
-        pass  # its jobs run on; the next engine adopts them
+        self.poller.stop()  # its jobs run on; the next engine adopts them
 
     # ------------------------------------------------------------------ rules 1, 2
     def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
@@ -96,8 +96,7 @@ class SlurmLauncher:
 
     def poll(self, handle: RunHandle) -> int | None:
         assert isinstance(handle, SlurmRun)
-        self.poller.refresh()
-        st = self.poller.states.get(handle.pid)
+        st = self.poller.state(handle.pid)
         if st is None or not (st.ended or st.state == "GONE"):
             return None
         return self._settle(handle, st)
@@ -153,8 +152,8 @@ class SlurmLauncher:
         if not slurm_id:
             return Lost(None, False)  # allocated; never submitted (sbatch answers at once)
         self.poller.watch(slurm_id)
-        self.poller.refresh(force=True)
-        st = self.poller.states[slurm_id]
+        self.poller.refresh()  # at a restart, before the loop runs: now
+        st = self.poller.state(slurm_id) or client.JobState("PENDING")
         run = SlurmRun(job.id, slurm_id, job.pid_start, info)
         if not (st.ended or st.state == "GONE"):
             return run
