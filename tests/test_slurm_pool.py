@@ -266,3 +266,14 @@ def test_job_lost_while_the_daemon_was_down_is_requeued(dl: Env, slurm: slurmkit
     assert dl.store().get_trial(1).restarts == 0
     assert [r["start"] for r in records(dl)] == [0, 4]
     assert any("was cancelled outside det-local" in e for e in dl.events(1))
+
+
+def test_the_kept_batch_script_leaves_the_token_out(dl: Env, slurm: slurmkit.Slurm) -> None:
+    start_daemon(dl, slurm)
+    cfg, ctx = dl.trainer({"batches": 2, "ckpt_every": 2}, HPC)
+    assert dl.det("run", cfg, ctx).rc == 0
+    (kept,) = dl.home.glob("experiments/1/trials/1/runs/*/slurm-batch.sh")
+    text = kept.read_text()
+    assert "export DET_LOCAL_TOKEN=<per-run token>" in text
+    token = json.loads((kept.parent / "cluster.json").read_text())["session_token"]
+    assert token not in text

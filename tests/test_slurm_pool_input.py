@@ -122,7 +122,7 @@ def test_config_check_prints_the_batch_script(dl: Env) -> None:
         "--qos=long",
         "--time=01:00:00",
         "--nodes=1",
-        "--export=NONE",
+        "--export=ALL",
     ):
         assert f"#SBATCH {opt}" in lines, opt
     assert "export DET_LOCAL_TOKEN='<per-run token>'" in lines

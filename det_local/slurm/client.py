@@ -6,7 +6,8 @@ one batched ``squeue`` call for every job det-local watches (:class:`Poller`), a
 once with ``scontrol show job`` (its state and exit code, kept by Slurm for MinJobAge).
 
 Submission is as the experiment's submitter: a user-mode daemon submits as itself; a root
-daemon runs ``runuser -u USER --`` (util-linux), keeping its own environment (SLURM_CONF).
+daemon runs ``runuser -u USER --`` (util-linux). sbatch runs in the job's own environment
+(its plan's, and SLURM_CONF), never the daemon's (:func:`job_env`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,16 @@ def _one_line(text: str) -> str:
     return "; ".join(line for line in lines if line) or "no output"
 
 
-def run(argv: list[str], *, stdin: str | None = None, uid: int | None = None) -> str:
-    """Run a Slurm command (as ``uid`` when the daemon is root and it is another user); its
-    stdout, or TrialError with its stderr in one line."""
+def run(
+    argv: list[str],
+    *,
+    stdin: str | None = None,
+    uid: int | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run a Slurm command (as ``uid`` when the daemon is root and it is another user; in
+    ``env`` when given, else the daemon's environment); its stdout, or TrialError with its
+    stderr in one line."""
     argv = [tool(argv[0]), *argv[1:]]
     if uid is not None and os.geteuid() == 0 and uid != 0:
         argv = [tool("runuser"), "-u", pwd.getpwuid(uid).pw_name, "--", *argv]
@@ -63,6 +71,7 @@ def run(argv: list[str], *, stdin: str | None = None, uid: int | None = None) ->
         done = subprocess.run(
             argv,
             input=stdin,
+            env=env,
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -76,9 +85,20 @@ def run(argv: list[str], *, stdin: str | None = None, uid: int | None = None) ->
     return done.stdout
 
 
-def sbatch(script: str, uid: int | None) -> int:
-    """Submit a batch script (on stdin); the Slurm job id."""
-    out = run(["sbatch", "--parsable"], stdin=script, uid=uid).strip()
+def job_env(plan_env: dict[str, str]) -> dict[str, str]:
+    """The environment sbatch runs in, which the job gets (``--export=ALL``): the plan's, and
+    of the daemon's own only where Slurm's configuration is (SLURM_CONF, which srun in the job
+    needs too). Exporting the submission's environment starts a job faster than
+    ``--export=NONE``, which has slurmd load the user's login environment first."""
+    env = dict(plan_env)
+    if os.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    return env
+
+
+def sbatch(script: str, uid: int | None, env: dict[str, str] | None = None) -> int:
+    """Submit a batch script (on stdin), sbatch in ``env``; the Slurm job id."""
+    out = run(["sbatch", "--parsable"], stdin=script, uid=uid, env=env).strip()
     try:
         return int(out.split(";")[0])
     except ValueError:

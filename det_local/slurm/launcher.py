@@ -85,8 +85,12 @@ class SlurmLauncher:
         info = Path(plan.info_dir)
         info.mkdir(parents=True, exist_ok=True)
         _own_slot_ids(info, Shape.of(slots_of(plan), self.pool).per_node)
-        (info / "slurm-batch.sh").write_text(script)  # what was submitted, for people
-        slurm_id = client.sbatch(script, plan.uid)
+        # what was submitted, for people (the run's token left out: the file is readable)
+        token = plan.env.get("DET_LOCAL_TOKEN")
+        shown = script.replace(token, "<per-run token>") if token else script
+        (info / "slurm-batch.sh").write_text(shown)
+        env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        slurm_id = client.sbatch(script, plan.uid, client.job_env(env))
         self.poller.watch(slurm_id)
         return SlurmRun(job.id, slurm_id, time.time(), plan.info_dir)
 

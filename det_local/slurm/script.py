@@ -62,7 +62,9 @@ def directives(plan: LaunchPlan, pool: SlurmPool, shape: Shape) -> list[str]:
         "--no-requeue",  # det-local requeues a trial itself, from its latest checkpoint
         f"--signal=B:USR1@{pool.signal_lead}",
         f"--chdir={plan.cwd}",
-        "--export=NONE",  # the plan's environment, exactly (written below)
+        # sbatch runs in the plan's environment (client.job_env), which the job takes; the
+        # script sets it again below, so what the job runs with is written here
+        "--export=ALL",
         f"--nodes={shape.nodes}",
         "--ntasks-per-node=1",
     ]
@@ -88,7 +90,6 @@ def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str
     for key in sorted(env):
         lines.append(f"export {key}={shlex.quote(env[key])}")
     lines.append('export DET_AGENT_ID="$(hostname)"')
-    lines.append("unset SLURM_EXPORT_ENV  # steps (srun) inherit the environment above")
     notify = f"{shlex.quote(sys.executable)} -m det_local.slurm.notify"
     lines.append(f"_det_local_lead() {{ {notify} time_limit || true; }}")
     lines.append("trap _det_local_lead USR1")
