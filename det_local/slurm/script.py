@@ -98,6 +98,7 @@ def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str
         "child=$!",
         # wait returns early when the trap runs: wait again until the command has ended
         'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
+        '[ -n "${DET_LOCAL_INFO_DIR:-}" ] && '
         'printf "%s\\n" "$rc" > "$DET_LOCAL_INFO_DIR/slurm-exit.$SLURM_JOB_ID" 2>/dev/null',
         'exit "$rc"',
     ]
