@@ -33,12 +33,12 @@ def slots_command(
         print_json(rows)
         return
     print(slots_table(rows))
-    _print_pools()
     note = view.inventory.note
     if note and view.origin == FROM_ENGINE:  # its environment, not this shell's
         note = f"as the running det-local engine found them: {note}"
     if note:
         print(note)
+    _print_pools()
 
 
 def _print_pools() -> None:
