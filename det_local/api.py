@@ -431,7 +431,11 @@ def job_pools(jobs: list[Any]) -> dict[int, str]:
             except DetLocalError:
                 name = None
             by_exp[exp_id] = DEFAULT if is_default(name) else str(name)
-        out[j.id] = by_exp.get(exp_id, DEFAULT) if exp_id is not None else DEFAULT
+        if exp_id is not None:
+            out[j.id] = by_exp.get(exp_id, DEFAULT)
+        else:  # a command: `cmd run --pool`
+            row = store.job_pools.get(j.id)
+            out[j.id] = DEFAULT if row is None else row[0]
     return out
 
 

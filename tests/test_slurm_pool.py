@@ -277,3 +277,23 @@ def test_the_kept_batch_script_leaves_the_token_out(dl: Env, slurm: slurmkit.Slu
     assert "export DET_LOCAL_TOKEN=<per-run token>" in text
     token = json.loads((kept.parent / "cluster.json").read_text())["session_token"]
     assert token not in text
+
+
+def test_cmd_run_in_a_slurm_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
+    start_daemon(dl, slurm)
+    r = dl.det("cmd", "run", "--pool", "hpc", "--", "sh", "-c", "echo job $SLURM_JOB_ID; exit 3")
+    assert r.rc == 0, r
+    (job,) = dl.jobs()
+    done = dl.wait_job(job.id, timeout=60)
+    assert done.exit_code == 3 and done.slots_needed == 0  # none of this machine's slots
+    assert f"job {done.pid}" in dl.det("cmd", "logs", job.id).out
+    listed = dl.json("job", "list", "--all")
+    assert listed[0]["pool"] == "hpc"
+    dl.setenv(COLUMNS="200")
+    assert f"hpc (Slurm job {done.pid})" in dl.det("job", "list", "--all").out
+    assert slurm.queue() == []
+    r = dl.det("cmd", "run", "--pool", "gpus", "--", "true")
+    assert r.rc != 0 and r.err.strip() == (
+        "error: --pool: pool 'gpus' does not exist; pools: default, hpc "
+        f"(add it under resource_pools: in {dl.paths.settings})"
+    ), r

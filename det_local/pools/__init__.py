@@ -72,6 +72,22 @@ class Pools:
 
         check_experiment(self.slurm[name], cfg, home)
 
+    def check_command(self, name: str | None, kind: str, slots: int) -> int:
+        """`cmd run --pool NAME`: the pool exists and can run it; the slots it asks of it."""
+        self.check_pool(name, "--pool")
+        if kind != "COMMAND":
+            raise ConfigError(
+                f"--pool: only `cmd run` runs in a resource pool; {kind.lower()}s run on this "
+                "machine's slots"
+            )
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ConfigError(f"--slots {slots!r}: a command in a pool needs 1 slot or more")
+        from det_local.slurm.submit import check_slurm
+
+        assert name is not None
+        check_slurm(self.slurm[name], slots, "--pool")
+        return slots
+
     def batch_script(self, name: str | None, plan: LaunchPlan, slots: int) -> str | None:
         """What a run of this plan is submitted as in pool ``name`` (`config check` shows it);
         None for this machine's pool."""
@@ -90,6 +106,7 @@ class Pools:
         local: Launcher,
         paths: Paths,
         pool_of: Callable[[JobRecord], str],
+        pool_slots: Callable[[JobRecord], int | None],
         note: Callable[..., None],
     ) -> Launcher:
         """The launcher the supervisor uses: this machine's, or a router over every pool."""
@@ -99,7 +116,7 @@ class Pools:
         from det_local.slurm.launcher import SlurmLauncher
 
         backends: dict[str, Launcher] = {
-            name: SlurmLauncher(pool, paths, note) for name, pool in self.slurm.items()
+            name: SlurmLauncher(pool, paths, note, pool_slots) for name, pool in self.slurm.items()
         }
         return PoolLauncher(local, backends, pool_of)
 

@@ -33,7 +33,7 @@ class PoolLauncher:
         return getattr(self.local, name)
 
     def _for_job(self, job: JobRecord) -> Launcher:
-        pool = self.pool_of(job) if job.trial_id is not None else ""  # commands: here
+        pool = self.pool_of(job)
         if pool in ("", "default"):
             return self.local
         launcher = self.backends.get(pool)

@@ -108,7 +108,9 @@ class Engine:
         self.pools = load_pools(paths.settings)
         self._pools_of: dict[int, str] = {}  # experiment id -> its pool
         self.supervisor = Supervisor(
-            self.pools.launcher(self.launcher, self.paths, self._pool_of_job, self.note),
+            self.pools.launcher(
+                self.launcher, self.paths, self._pool_of_job, self._pool_slots, self.note
+            ),
             self.store.jobs,
             note=self.note,
             on_exit=self._on_job_exit,
@@ -632,12 +634,18 @@ class Engine:
     def _pool_of_job(self, job: JobRecord) -> str:
         """The resource pool of a job's experiment (the pool router asks)."""
         exp_id = job.experiment_id
-        if exp_id is None:
-            return ""
+        if exp_id is None:  # a command: `cmd run --pool`
+            row = self.store.job_pools.get(job.id)
+            return "" if row is None else row[0]
         if exp_id not in self._pools_of:
             config = self.store.get_experiment(exp_id).config
             self._pools_of[exp_id] = self.pools.pool_of_config(config)
         return self._pools_of[exp_id]
+
+    def _pool_slots(self, job: JobRecord) -> int | None:
+        """The slots a command asked of its pool (None: a trial's come from its config)."""
+        row = self.store.job_pools.get(job.id) if job.experiment_id is None else None
+        return None if row is None else row[1]
 
     def run_ending(self, run: TrialRun) -> None:
         """The run's pool ends it soon (a Slurm time limit): it checkpoints, and is queued
@@ -734,8 +742,14 @@ class Engine:
         self.queue.schedule()
         return f"experiment {experiment_id}: priority {priority}"
 
-    def submit_command(self, **request: Any) -> int:
-        return self.commands.submit(**request)
+    def submit_command(self, *, pool: str | None = None, **request: Any) -> int:
+        if is_default(pool):
+            return self.commands.submit(**request)
+        # another pool's command holds none of this machine's slots; its pool has them
+        slots = self.pools.check_command(pool, request.get("kind", "COMMAND"), request["slots"])
+        job_id = self.commands.submit(**{**request, "slots": 0, "anywhere": False})
+        self.store.job_pools.set(job_id, str(pool), slots)
+        return job_id
 
     def kill_job(self, job_id: int) -> str:
         job = self.store.jobs.get(job_id)

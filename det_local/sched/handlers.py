@@ -80,6 +80,7 @@ class Controls(Protocol):
         kind: str = "COMMAND",
         umask: int | None = None,
         anywhere: bool = False,
+        pool: str | None = None,
     ) -> int: ...
 
     def kill_job(self, job_id: int) -> str: ...
@@ -239,6 +240,7 @@ def cmd_run(c: Controls, req: Request) -> int:
         kind=str(p.get("kind", "COMMAND")),
         umask=umask_of(c, req),
         anywhere=p.get("anywhere") is True,
+        pool=str(p["pool"]) if p.get("pool") is not None else None,
     )
 
 

@@ -61,10 +61,17 @@ def slots_of(plan: LaunchPlan) -> int:
 
 
 class SlurmLauncher:
-    def __init__(self, pool: SlurmPool, paths: Paths, note: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        pool: SlurmPool,
+        paths: Paths,
+        note: Callable[..., None],
+        pool_slots: Callable[[JobRecord], int | None] = lambda job: None,
+    ) -> None:
         self.pool = pool
         self.paths = paths
         self.note = note
+        self.pool_slots = pool_slots  # a command's slots (a trial's are in its config)
         self.poller = client.Poller()
 
     def start(self) -> None:
@@ -77,14 +84,15 @@ class SlurmLauncher:
     def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
         from det_local.sched import userfiles
 
-        script = batch_script(plan, self.pool, slots_of(plan))
+        slots = self.pool_slots(job) or slots_of(plan)
+        script = batch_script(plan, self.pool, slots)
         log = Path(plan.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         # the job's output file, created as its user (slurmstepd appends to it as the user)
         os.close(userfiles.open_log(log, userfiles.owner_of(plan)))
         info = Path(plan.info_dir)
         info.mkdir(parents=True, exist_ok=True)
-        _own_slot_ids(info, Shape.of(slots_of(plan), self.pool).per_node)
+        _own_slot_ids(info, Shape.of(slots, self.pool).per_node)
         # what was submitted, for people (the run's token left out: the file is readable)
         token = plan.env.get("DET_LOCAL_TOKEN")
         shown = script.replace(token, "<per-run token>") if token else script
@@ -151,7 +159,11 @@ class SlurmLauncher:
         return f"slurm-{job.id}-{job.run_id}"
 
     def adopt(self, job: JobRecord) -> SlurmRun | Lost:
-        info = str(self.paths.trial_info_dir(job.experiment_id or 0, job.trial_id or 0, job.run_id))
+        info = str(
+            self.paths.job_dir(job.id)
+            if job.trial_id is None
+            else self.paths.trial_info_dir(job.experiment_id or 0, job.trial_id, job.run_id)
+        )
         slurm_id = job.pid
         if not slurm_id:
             return Lost(None, False)  # allocated; never submitted (sbatch answers at once)

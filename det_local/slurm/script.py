@@ -46,6 +46,8 @@ class Shape:
 
 def job_name(plan: LaunchPlan) -> str:
     env = plan.env
+    if "DET_TRIAL_ID" not in env:  # a command (`cmd run --pool`)
+        return f"det-local_cmd{env.get('DET_LOCAL_JOB_ID', '?')}"
     return (
         f"det-local_e{env.get('DET_EXPERIMENT_ID', '?')}_t{env.get('DET_TRIAL_ID', '?')}"
         f"_r{env.get('DET_TRIAL_RUN_ID', '?')}"

@@ -54,7 +54,17 @@ def check_experiment(pool: SlurmPool, cfg: Any, home: Path) -> None:
                     f"(resource_pools.{pool.name}.slurm.shared_paths: {shared}); put it under "
                     "one of them"
                 )
-    shape = Shape.of(int(cfg.resources.slots_per_trial), pool)
+    check_slurm(pool, int(cfg.resources.slots_per_trial))
+
+
+def check_slurm(pool: SlurmPool, slots: int, field: str = "resources.resource_pool") -> None:
+    """Slurm would take a job of this many slots in the pool (`sbatch --test-only`)."""
+    where = f"Slurm pool '{pool.name}'"
+    try:
+        client.tool("sbatch")
+    except TrialError as err:
+        raise ConfigError(f"{field}: {where}: {err}") from None
+    shape = Shape.of(slots, pool)
     argv = [
         "sbatch",
         "--test-only",
@@ -72,6 +82,6 @@ def check_experiment(pool: SlurmPool, cfg: Any, home: Path) -> None:
         client.run(argv)
     except TrialError as err:
         raise ConfigError(
-            f"resources.resource_pool: {where} (partition {pool.partition}): Slurm refuses its "
+            f"{field}: {where} (partition {pool.partition}): Slurm refuses its "
             f"jobs: {err}; check resource_pools.{pool.name}.slurm in daemon.yaml"
         ) from None

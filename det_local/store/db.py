@@ -16,11 +16,12 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import checkpoint_table, experiments, metrics, trials, trialstarts
+from det_local.store import checkpoint_table, experiments, metrics, pools, trials, trialstarts
 from det_local.store.checkpoint_table import CheckpointTable
 from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
 from det_local.store.jobs import JobTable
 from det_local.store.metrics import EventTable, MetricTable
+from det_local.store.pools import JobPoolTable
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
 from det_local.store.trialstarts import TrialStartTable
@@ -36,6 +37,7 @@ SCHEMA = (
     + checkpoint_table.SCHEMA
     + metrics.SCHEMA
     + trialstarts.SCHEMA
+    + pools.SCHEMA
 )
 
 
@@ -141,6 +143,8 @@ class Store:
         self.trial_starts = ts = TrialStartTable(self.db)
         self.add_trial_start = ts.add
         self.list_trial_starts = ts.select
+
+        self.job_pools = JobPoolTable(self.db)  # commands run in a resource pool (cmd --pool)
 
     def transaction(self) -> Txn:
         return self.db.transaction()
