@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal as signals
 import time
 from collections.abc import Callable
@@ -96,7 +97,7 @@ class SlurmLauncher:
         # what was submitted, for people (the run's token left out: the file is readable)
         token = plan.env.get("DET_LOCAL_TOKEN")
         shown = script.replace(token, "<per-run token>") if token else script
-        (info / "slurm-batch.sh").write_text(shown)
+        _write_new(info / "slurm-batch.sh", shown)
         env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
         slurm_id = client.sbatch(script, plan.uid, client.job_env(env))
         self.poller.watch(slurm_id)
@@ -213,3 +214,13 @@ def _own_slot_ids(info: Path, per_node: int) -> None:
         f.seek(0)
         f.truncate()
         json.dump(data, f, indent=2)
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write a file in a directory that may be the job's user's (a root daemon): under a new
+    name, never through a link put there, then renamed over the old one."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
