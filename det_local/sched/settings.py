@@ -65,8 +65,7 @@ _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 
 
-def check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) -> None:
-    """ConfigError for a key not in ``allowed``, with a did-you-mean."""
+def _check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) -> None:
     import difflib
 
     for key in raw:
@@ -76,6 +75,9 @@ def check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) 
                 f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(allowed))}"
             )
             raise ConfigError(f"unknown field '{where}{key}' in {source}{hint}")
+
+
+check_keys = _check_keys  # ConfigError for a key not allowed, with a did-you-mean (pools/)
 
 
 def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
@@ -98,11 +100,11 @@ def load_settings(path: Path) -> DaemonSettings:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of settings")
-    check_keys("", raw, _TOP, source)
+    _check_keys("", raw, _TOP, source)
     sched = _section(raw, "scheduler", source)
     slots = _section(raw, "slots", source)
-    check_keys("scheduler.", sched, _SCHED, source)
-    check_keys("slots.", slots, _SLOTS, source)
+    _check_keys("scheduler.", sched, _SCHED, source)
+    _check_keys("slots.", slots, _SLOTS, source)
     mode = sched.get("mode", "priority")
     if mode not in ("priority", "fair_share"):
         raise ConfigError(
