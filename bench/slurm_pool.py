@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -135,6 +136,7 @@ def main() -> None:
         print(json.dumps(run(root, slurm, args)))
     finally:
         stop(slurm)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(root: Path, slurm: Slurm, args: argparse.Namespace) -> dict[str, object]:
