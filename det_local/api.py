@@ -464,7 +464,42 @@ def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
 def jobs_json(*, include_done: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
     """`job list --json`: each job with its place in the queue ("position", from 1)."""
     jobs = queue(include_done=include_done, limit=limit)
-    return [{**j.to_json(), "position": i + 1} for i, j in enumerate(jobs)]
+    where = job_pools(jobs)
+    return [{**j.to_json(), "position": i + 1, "pool": where[j.id]} for i, j in enumerate(jobs)]
+
+
+def job_pools(jobs: list[Any]) -> dict[int, str]:
+    """Each job's resource pool (its experiment's `resources.resource_pool`; `default`: this
+    machine's slots)."""
+    from det_local.errors import DetLocalError
+    from det_local.pools import DEFAULT, is_default
+
+    store = open_store()
+    by_exp: dict[int, str] = {}
+    out: dict[int, str] = {}
+    for j in jobs:
+        exp_id = j.experiment_id
+        if exp_id is not None and exp_id not in by_exp:
+            try:
+                name = (store.get_experiment(exp_id).config.get("resources") or {}).get(
+                    "resource_pool"
+                )
+            except DetLocalError:
+                name = None
+            by_exp[exp_id] = DEFAULT if is_default(name) else str(name)
+        if exp_id is not None:
+            out[j.id] = by_exp.get(exp_id, DEFAULT)
+        else:  # a command: `cmd run --pool`
+            row = store.job_pools.get(j.id)
+            out[j.id] = DEFAULT if row is None else row[0]
+    return out
+
+
+def pools_rows() -> list[dict[str, str]]:
+    """`slots`: the resource pools this home's daemon.yaml defines (the default one first)."""
+    from det_local.pools import load_pools
+
+    return load_pools(paths().settings).describe()
 
 
 def slots_json() -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ Trial -> daemon (one handler each in ``sched/trialmessages.py``'s ``MESSAGES``)
     preempt_ack   {}                                                (request)
     bye           {}                                                (request) reporting is done
     unmanaged_end {state: COMPLETED | ERROR, message}  (request) a core_v2 process ends its trial
+    time_limit    {}       (request) the run's pool ends it soon (a Slurm job's batch shell)
 
 Daemon -> trial
     hello         {preempt, [started]} | {error, [retry]}           the answer to hello

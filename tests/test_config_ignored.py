@@ -20,7 +20,7 @@ BASE = {
 EVERYTHING = {
     **BASE,
     "bind_mounts": [{"host_path": "/data", "container_path": "/data"}],
-    "resources": {"devices": ["/dev/fuse:/dev/fuse"], "shm_size": "4G", "resource_pool": "gpus"},
+    "resources": {"devices": ["/dev/fuse:/dev/fuse"], "shm_size": "4G"},
     "environment": {"ports": {"web": 8080}, "proxy_ports": [{"proxy_port": 8080}]},
     "integrations": {"webhooks": {"webhook_name": ["x"]}, "pachyderm": {"dataset": {}}},
     "log_policies": [
@@ -40,10 +40,12 @@ def _expected(source: str) -> list[str]:
 def test_each_ignored_key_warns_once_naming_what_det_local_does() -> None:
     cfg = parse_config(EVERYTHING, source="c.yaml")
     assert list(cfg.warnings) == _expected("c.yaml")
-    # exact wording of two of them (the README's table quotes these)
+    # exact wording of two of them; resource_pool is acted on (the README's table quotes these)
+    pooled = parse_config({**BASE, "resources": {"resource_pool": "gpus"}}, source="c.yaml")
+    assert pooled.warnings == ()  # resource pools exist (a Slurm pool, or an error at submission)
     assert (
-        "resources.resource_pool in c.yaml: ignored until resource pools exist: trials run on "
-        "this machine's slots (or a cluster peer's with resources.federate)"
+        "resources.shm_size in c.yaml: ignored: det-local runs trials without containers; "
+        "trials share this machine's /dev/shm"
     ) in cfg.warnings
     assert (
         "bind_mounts in c.yaml: ignored: det-local runs trials without containers; trials see "
@@ -56,7 +58,7 @@ def test_keys_det_local_acts_on_or_left_default_do_not_warn() -> None:
         {
             **BASE,
             "bind_mounts": [],
-            "resources": {"devices": [], "resource_pool": ""},
+            "resources": {"devices": [], "resource_pool": "gpus"},
             "environment": {"ports": {}, "proxy_ports": []},
             "integrations": {"webhooks": None},
             # implemented: labels and cancel_retries, log retention

@@ -22,6 +22,12 @@ def run(
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Wait for it and stream its output; exit with its status."
     ),
+    pool: str = typer.Option(
+        None,
+        "--pool",
+        help="The resource pool it runs in (`det-local slots` lists them; default: this "
+        "machine's slots). In a Slurm pool it is one batch job.",
+    ),
     anywhere: bool = typer.Option(
         False,
         "--anywhere",
@@ -61,6 +67,7 @@ def run(
         "name": name,
         "umask": current_umask(),  # it runs with this shell's umask, as if run here
         "anywhere": anywhere,
+        **({"pool": pool} if pool else {}),
     }
     if follow:
         from det_local.sched.embedded import run_command

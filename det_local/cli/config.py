@@ -49,6 +49,9 @@ def check(
     for key, value in plan["env"].items():
         shown = value if len(value) <= 100 else value[:97] + "..."
         print(f"  {key}={shown}")
+    if plan.get("batch_script"):
+        print(f"\n# batch script (resource pool {plan['pool']}: each trial run is one Slurm job)")
+        print(plan["batch_script"].rstrip())
 
 
 def print_warnings(warnings: list[str], deprecations: list[str]) -> None:

@@ -32,6 +32,8 @@ def list_jobs(
         print_json(api.jobs_json(include_done=show_all, limit=limit))
         return
     jobs = api.queue(include_done=show_all, limit=limit)
+    pools = api.job_pools(jobs)
+    pooled = any(p != "default" for p in pools.values())  # a Pool column only when it says much
     rows = []
     for i, j in enumerate(jobs):
         submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at))
@@ -47,9 +49,18 @@ def list_jobs(
                 j.state,
                 j.user,
             ]
+            + ([_pool_cell(pools[j.id], j)] if pooled else [])
         )
     headers = ["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"]
-    print(table(headers, rows, flex=("Name", "User")))
+    print(table(headers + (["Pool"] if pooled else []), rows, flex=("Name", "User")))
+
+
+def _pool_cell(pool: str, job: object) -> str:
+    """A job's pool; a run in a Slurm pool: its Slurm job (the job's pid column)."""
+    pid = getattr(job, "pid", None)
+    if pool == "default" or not pid:
+        return pool
+    return f"{pool} (Slurm job {pid})"
 
 
 @app.command("update")

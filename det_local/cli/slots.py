@@ -40,6 +40,18 @@ def slots_command(
         note = f"as the running det-local engine found them: {note}"
     if note:
         print(note)
+    _print_pools()
+
+
+def _print_pools() -> None:
+    """The resource pools besides this machine's slots (daemon.yaml's resource_pools)."""
+    from det_local import api
+    from det_local.cli.common import table
+
+    pools = api.pools_rows()
+    if len(pools) > 1:
+        print()
+        print(table(["Pool", "Kind", "Where"], [[p["pool"], p["kind"], p["where"]] for p in pools]))
 
 
 def slots_table(rows: list[dict[str, Any]]) -> str:

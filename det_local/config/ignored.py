@@ -22,8 +22,6 @@ INSTEAD: dict[str, str] = {
     "resources.devices": f"ignored: {NO_CONTAINERS}; trials see this machine's devices "
     "(GPUs are fenced to their slots)",
     "resources.shm_size": f"ignored: {NO_CONTAINERS}; trials share this machine's /dev/shm",
-    "resources.resource_pool": "ignored until resource pools exist: trials run on this "
-    "machine's slots (or a cluster peer's with resources.federate)",
     "environment.ports": f"ignored: {NO_CONTAINERS}; a trial's processes bind this "
     "machine's ports directly (det-local chooses the rendezvous ports itself)",
     "environment.proxy_ports": "ignored: det-local has no proxy; reach a trial's ports on "
@@ -45,7 +43,6 @@ def warn_ignored(ctx: Ctx, cfg: ExperimentConfig) -> None:
         "bind_mounts": bool(cfg.bind_mounts),
         "resources.devices": bool(cfg.resources.devices),
         "resources.shm_size": cfg.resources.shm_size is not None,
-        "resources.resource_pool": bool(cfg.resources.resource_pool),
         "environment.ports": bool(cfg.environment.ports),
         "environment.proxy_ports": bool(cfg.environment.proxy_ports),
     }

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError
+from det_local.pools import is_default, load_pools
 from det_local.sched import cgroups, expcontrol, trialexit, unmanaged
 from det_local.sched.ckpt_gc import CheckpointGC
 from det_local.sched.commands import Commands
@@ -105,8 +106,13 @@ class Engine:
         self.launcher = LocalLauncher(
             self.paths, self.inventory, self.settings.cgroup_setting(), self.note
         )
+        # resource pools (det_local/pools/): this machine's launcher, or a router over pools
+        self.pools = load_pools(paths.settings)
+        self._pools_of: dict[int, str] = {}  # experiment id -> its pool
         self.supervisor = Supervisor(
-            self.launcher,
+            self.pools.launcher(
+                self.launcher, self.paths, self._pool_of_job, self._pool_slots, self.note
+            ),
             self.store.jobs,
             note=self.note,
             on_exit=self._on_job_exit,
@@ -191,7 +197,7 @@ class Engine:
     # ================================================================== lifecycle
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.launcher.start()
+        self.supervisor.launcher.start()
         await self.trial_server.start()
         prepare_private(self.store, self.private, self.paths, self._out)
         recover(self)
@@ -255,7 +261,7 @@ class Engine:
         self.spool.stop()
         await self.trial_server.stop()
         self.store.close()
-        self.launcher.stop()
+        self.supervisor.launcher.stop()
 
     def _after_pass(self) -> None:
         self.gangs.offload_waiting()
@@ -333,8 +339,11 @@ class Engine:
 
             cfg = make_test_config(cfg)
         slots = int(cfg.resources.slots_per_trial)
-        fit = self.gangs.fit(slots)
-        if fit is not None or cfg.resources.federate:
+        self.pools.check_experiment(cfg, self.paths.home)
+        fit = None if not is_default(cfg.resources.resource_pool) else self.gangs.fit(slots)
+        if not is_default(cfg.resources.resource_pool):
+            pass  # the pool's own scheduler has the slots (checked above)
+        elif fit is not None or cfg.resources.federate:
             self.gangs.check_storage(cfg)
         else:  # not a gang across machines: this one must do
             check_request(
@@ -469,7 +478,8 @@ class Engine:
             rec = self.store.get_experiment(exp.id)
             override = self.store.get_experiment_priority(exp.id)
             size = int(exp.config.resources.slots_per_trial)
-            fit = self.gangs.fit(size)
+            pooled = not is_default(exp.config.resources.resource_pool)
+            fit = None if pooled else self.gangs.fit(size)
             return self.store.jobs.create(
                 kind=TRIAL,
                 name=f"{rec.name} (trial {trial_id})",
@@ -478,12 +488,13 @@ class Engine:
                 priority=(
                     int(exp.config.resources.effective_priority) if override is None else override
                 ),
-                slots_needed=size if fit is None else fit.local,
+                # another pool's trial holds none of this machine's slots
+                slots_needed=0 if pooled else size if fit is None else fit.local,
                 experiment_id=exp.id,
                 trial_id=trial_id,
                 umask=self.store.get_experiment_umask(exp.id),
                 gang=None if fit is None else {"size": size, "per_node": fit.per_node},
-                anywhere=fit is None and bool(exp.config.resources.federate),
+                anywhere=fit is None and not pooled and bool(exp.config.resources.federate),
             )
 
         self.queue.enqueue_trial(trial_id, create)
@@ -617,6 +628,8 @@ class Engine:
     def _job_exited(self, job: JobRecord, ended: Exit) -> bool:
         """What the exit means; False while a gang's other nodes decide it."""
         self.queue.preempting.discard(ended.job_id)
+        if ended.lost is not None and job.trial_id is not None:  # the pool lost it
+            self.gangs.peer_lost.setdefault(job.trial_id, f"its run {ended.lost}")
         if job.kind == MEMBER:
             self.gangs.member_job_exited(job, ended.code)
         elif job.kind == TRIAL:
@@ -642,6 +655,36 @@ class Engine:
         else:
             self.commands.on_exit(job, ended.code, ended.problem)
         return True
+
+    def _pool_of_job(self, job: JobRecord) -> str:
+        """The resource pool of a job's experiment (the pool router asks)."""
+        exp_id = job.experiment_id
+        if exp_id is None:  # a command: `cmd run --pool`
+            row = self.store.job_pools.get(job.id)
+            return "" if row is None else row[0]
+        if exp_id not in self._pools_of:
+            config = self.store.get_experiment(exp_id).config
+            self._pools_of[exp_id] = self.pools.pool_of_config(config)
+        return self._pools_of[exp_id]
+
+    def _pool_slots(self, job: JobRecord) -> int | None:
+        """The slots a command asked of its pool (None: a trial's come from its config)."""
+        row = self.store.job_pools.get(job.id) if job.experiment_id is None else None
+        return None if row is None else row[1]
+
+    def run_ending(self, run: TrialRun) -> None:
+        """The run's pool ends it soon (a Slurm time limit): it checkpoints, and is queued
+        again to continue (not a failure)."""
+        if self.runs.get(run.trial_id) is not run or run.preempt_sent:
+            return
+        run.requeue_requested = True
+        self.note(
+            f"trial {run.trial_id}: its job reaches its time limit soon; it checkpoints and "
+            "continues in a new job",
+            experiment_id=run.experiment_id,
+            trial_id=run.trial_id,
+        )
+        self.preempt(run, self.experiment(run.experiment_id))
 
     def on_trial_exit(self, run: TrialRun, code: int) -> None:
         trialexit.trial_exited(self, run, code)
@@ -724,8 +767,14 @@ class Engine:
         self.queue.schedule()
         return f"experiment {experiment_id}: priority {priority}"
 
-    def submit_command(self, **request: Any) -> int:
-        return self.commands.submit(**request)
+    def submit_command(self, *, pool: str | None = None, **request: Any) -> int:
+        if is_default(pool):
+            return self.commands.submit(**request)
+        # another pool's command holds none of this machine's slots; its pool has them
+        slots = self.pools.check_command(pool, request.get("kind", "COMMAND"), request["slots"])
+        job_id = self.commands.submit(**{**request, "slots": 0, "anywhere": False})
+        self.store.job_pools.set(job_id, str(pool), slots)
+        return job_id
 
     def kill_job(self, job_id: int) -> str:
         job = self.store.jobs.get(job_id)

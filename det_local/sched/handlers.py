@@ -84,6 +84,7 @@ class Controls(Protocol):
         kind: str = "COMMAND",
         umask: int | None = None,
         anywhere: bool = False,
+        pool: str | None = None,
     ) -> int: ...
 
     def kill_job(self, job_id: int) -> str: ...
@@ -248,6 +249,7 @@ def cmd_run(c: Controls, req: Request) -> int:
         kind=str(p.get("kind", "COMMAND")),
         umask=umask_of(c, req),
         anywhere=p.get("anywhere") is True,
+        pool=str(p["pool"]) if p.get("pool") is not None else None,
     )
     if idle is not None:  # in the request's transaction (issue 30: idle reservations)
         c.store.usage.set_idle_timeout(job_id, float(idle))

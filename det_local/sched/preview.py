@@ -53,6 +53,11 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
     creates = [a for a in searcher.initial_actions() if isinstance(a, Create)]
     first = creates[0]
     paths = Paths.from_env()
+    from det_local.pools import is_default, load_pools
+
+    pools = load_pools(paths.settings)
+    pool = cfg.resources.resource_pool
+    pools.check_pool(pool)
     # this machine's slots, as the engine sees them (the running one's, else as one started
     # now would find them): the first trial on an idle machine
     inventory = slotview.current(paths).inventory
@@ -69,7 +74,8 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
             context=context,
             steps_completed=0,
             latest_checkpoint=None,
-            slots=list(range(min(need, inventory.size()))),
+            # another pool's trial holds none of this machine's slots
+            slots=list(range(min(need, inventory.size()))) if is_default(pool) else [],
             token="",
             user=current_user(),
             uid=uid,
@@ -104,5 +110,8 @@ def preview(config_path: Path, context_dir: Path | None) -> dict[str, Any]:
             "hparams": first.hparams,
             "seed": first.seed,
             "env": launch.env,
+            "pool": pool or "default",
+            # a Slurm pool: the batch script a run is submitted as (None: this machine)
+            "batch_script": pools.batch_script(pool, launch, need),
         },
     }

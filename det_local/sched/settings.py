@@ -15,6 +15,8 @@ cgroups: auto             # each job in its own cgroup: auto, v2, v1, or false (
                           # DET_LOCAL_CGROUPS decides (same values), else auto
 federation: {port: 47800} # see det_local/federate/settings.py and docs/system-mode.md
 dashboard: {port: 8080}   # the daemon runs `det-local dashboard` (det_local/web/supervisor.py)
+resource_pools:           # where trials may run besides this machine (det_local/pools/)
+  hpc: {slurm: {partition: debug}}
 ```
 """
 
@@ -69,6 +71,8 @@ _TOP = {
     "system_metrics",
     "idle_policy",
     "idle_threshold",
+    # read and checked by det_local.pools
+    "resource_pools",
 }
 _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight"}
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
@@ -84,6 +88,9 @@ def _check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str)
                 f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(allowed))}"
             )
             raise ConfigError(f"unknown field '{where}{key}' in {source}{hint}")
+
+
+check_keys = _check_keys  # ConfigError for a key not allowed, with a did-you-mean (pools/)
 
 
 def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:

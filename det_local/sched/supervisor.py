@@ -33,6 +33,7 @@ class Exit:
     job_id: int
     code: int
     problem: str | None
+    lost: str | None = None  # the run ended for its pool's reasons, not the trial's
 
 
 class Supervisor:
@@ -134,7 +135,7 @@ class Supervisor:
         self.launcher.release(proc)
         if proc.problem is not None:
             self.note(f"job {job_id}: {proc.problem}", level="WARNING")
-        self.on_exit(Exit(job_id, proc.code, proc.problem))
+        self.on_exit(Exit(job_id, proc.code, proc.problem, getattr(proc, "lost", None)))
 
     # ------------------------------------------------------------------ signals
     def signal(self, job_id: int, pid: int | None, sig: int) -> None:

@@ -37,6 +37,8 @@ class TrialHost(Protocol):
 
     def end_unmanaged(self, run: TrialRun, msg: dict[str, Any]) -> bool: ...
 
+    def run_ending(self, run: TrialRun) -> None: ...
+
 
 Handler = Callable[["TrialHost", "TrialRun", dict[str, Any], int], Any]
 
@@ -93,6 +95,10 @@ def preempt_ack(host: TrialHost, run: TrialRun, msg: dict[str, Any], uid: int) -
     if not run.acked:
         host.store.jobs.set_preempt_acked(run.job_id)  # outlives a daemon crash
     run.acked = True
+
+
+def time_limit(host: TrialHost, run: TrialRun, msg: dict[str, Any], uid: int) -> None:
+    host.run_ending(run)
 
 
 def unmanaged_end(host: TrialHost, run: TrialRun, msg: dict[str, Any], uid: int) -> None:
@@ -200,6 +206,7 @@ MESSAGES: dict[str, Handler] = {
     "preempt_ack": preempt_ack,
     "bye": nothing,
     "unmanaged_end": unmanaged_end,
+    "time_limit": time_limit,
 }
 
 

@@ -23,6 +23,7 @@ from det_local.store import (
     lifecycle,
     logpolicies,
     metrics,
+    pools,
     registry,
     trials,
     trialstarts,
@@ -33,6 +34,7 @@ from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, cu
 from det_local.store.jobs import JobTable
 from det_local.store.lifecycle import LifecycleTable
 from det_local.store.metrics import EventTable, MetricTable
+from det_local.store.pools import JobPoolTable
 from det_local.store.registry import ModelRegistry
 from det_local.store.sql import Db, Txn
 from det_local.store.trials import TrialTable
@@ -55,6 +57,7 @@ SCHEMA = (
     + logpolicies.SCHEMA
     + registry.SCHEMA
     + lifecycle.SCHEMA
+    + pools.SCHEMA
 )
 
 
@@ -167,6 +170,7 @@ class Store:
         self.log_policies = logpolicies.LogPolicyTable(self.conn)
         self.models = ModelRegistry(self.db)  # the model registry (`store/registry.py`)
         self.lifecycle = LifecycleTable(self.db)  # archived experiments, deletions
+        self.job_pools = JobPoolTable(self.db)  # commands run in a resource pool (cmd --pool)
 
     def transaction(self) -> Txn:
         return self.db.transaction()

@@ -1,0 +1,245 @@
+"""Slurm's commands, as det-local uses them: sbatch, squeue, scontrol, scancel.
+
+Each runs with a bound (``TIMEOUT_S``) and its failure becomes one line. Job states come from
+one batched ``squeue`` call for every job det-local watches (:class:`Poller`), at most every
+``interval`` seconds, backing off while nothing changes; a job squeue no longer lists is read
+once with ``scontrol show job`` (its state and exit code, kept by Slurm for MinJobAge).
+
+Submission is as the experiment's submitter: a user-mode daemon submits as itself; a root
+daemon runs ``runuser -u USER --`` (util-linux). sbatch runs in the job's own environment
+(its plan's, and SLURM_CONF), never the daemon's (:func:`job_env`).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from det_local.errors import TrialError
+
+TIMEOUT_S = 30.0
+POLL_MIN_S = 0.25  # looking at squeue again: at first, after a change
+POLL_MAX_S = 2.0  # at most this long apart while jobs run
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
+
+
+def tool(name: str) -> str:
+    """The command's path; TrialError (one line) when it is not installed."""
+    path = shutil.which(name)
+    if path is None:
+        raise TrialError(
+            f"{name} is not on the daemon's PATH ({os.environ.get('PATH', '')}): install "
+            "Slurm's client commands (slurm-client) or start the daemon where they are"
+        )
+    return path
+
+
+def _one_line(text: str) -> str:
+    """A command's several lines of error as one (each kept, in order, "; " between)."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    return "; ".join(line for line in lines if line) or "no output"
+
+
+def run(
+    argv: list[str],
+    *,
+    stdin: str | None = None,
+    uid: int | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run a Slurm command (as ``uid`` when the daemon is root and it is another user; in
+    ``env`` when given, else the daemon's environment); its stdout, or TrialError with its
+    stderr in one line."""
+    argv = [tool(argv[0]), *argv[1:]]
+    if uid is not None and os.geteuid() == 0 and uid != 0:
+        argv = [tool("runuser"), "-u", pwd.getpwuid(uid).pw_name, "--", *argv]
+    try:
+        done = subprocess.run(
+            argv,
+            input=stdin,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise TrialError(f"{argv[0]} did not answer in {TIMEOUT_S:.0f}s") from None
+    if done.returncode != 0:
+        name = os.path.basename(argv[4] if argv[0].endswith("runuser") else argv[0])
+        raise TrialError(f"{name} failed: {_one_line(done.stderr or done.stdout)}")
+    return done.stdout
+
+
+def job_env(plan_env: dict[str, str]) -> dict[str, str]:
+    """The environment sbatch runs in, which the job gets (``--export=ALL``): the plan's, and
+    of the daemon's own only where Slurm's configuration is (SLURM_CONF, which srun in the job
+    needs too). Exporting the submission's environment starts a job faster than
+    ``--export=NONE``, which has slurmd load the user's login environment first."""
+    env = dict(plan_env)
+    if os.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    return env
+
+
+def sbatch(script: str, uid: int | None, env: dict[str, str] | None = None) -> int:
+    """Submit a batch script (on stdin), sbatch in ``env``; the Slurm job id."""
+    out = run(["sbatch", "--parsable"], stdin=script, uid=uid, env=env).strip()
+    try:
+        return int(out.split(";")[0])
+    except ValueError:
+        raise TrialError(f"sbatch answered {out!r}, not a job id") from None
+
+
+def scancel(job: int, *, signal: str | None = None, batch: bool = False) -> None:
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    if batch:
+        argv.append("--batch")
+    try:
+        run([*argv, str(job)])
+    except TrialError:
+        pass  # already gone
+
+
+@dataclass
+class JobState:
+    state: str  # Slurm's JobState (PENDING, RUNNING, COMPLETED, ...)
+    code: int | None = None  # exit status once ended: N, or -S for a signal
+    reason: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def show_job(job: int) -> JobState | None:
+    """``scontrol show job``: its state and exit code; None when Slurm has forgotten it."""
+    try:
+        out = run(["scontrol", "show", "job", "-o", str(job)])
+    except TrialError:
+        return None
+    fields = dict(
+        item.split("=", 1) for item in out.split() if "=" in item and not item.startswith("=")
+    )
+    state = fields.get("JobState", "UNKNOWN")
+    code: int | None = None
+    if "ExitCode" in fields:
+        status, _, sig = fields["ExitCode"].partition(":")
+        try:
+            code = -int(sig) if sig and int(sig) else int(status)
+        except ValueError:
+            code = None
+    return JobState(state, code, fields.get("Reason", ""))
+
+
+class Poller:
+    """The state of every watched job, from one squeue call per ``interval`` (bounded: at most
+    every POLL_MIN_S, backing off to POLL_MAX_S while nothing changes), made by a thread of its
+    own (``start``), so the engine's event loop never waits for Slurm: ``state`` is a read."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, JobState] = {}
+        self.interval = POLL_MIN_S
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="slurm-poller", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=TIMEOUT_S)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval if self._live() else POLL_MAX_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - never let the poller die; looked at again later
+                self.interval = POLL_MAX_S
+
+    def _live(self) -> list[int]:
+        with self._lock:
+            return [j for j, s in self.states.items() if not s.ended]
+
+    def state(self, job: int) -> JobState | None:
+        with self._lock:
+            return self.states.get(job)
+
+    def watch(self, job: int) -> None:
+        with self._lock:
+            self.states.setdefault(job, JobState("PENDING"))
+        self.hurry()
+
+    def forget(self, job: int) -> None:
+        with self._lock:
+            self.states.pop(job, None)
+
+    def hurry(self) -> None:
+        """Something happened (a job submitted, a signal sent): look again soon."""
+        self.interval = POLL_MIN_S
+        self._wake.set()
+
+    def refresh(self) -> None:
+        """One squeue call for every watched job that has not ended (and scontrol once for
+        each that has)."""
+        live = self._live()
+        if not live:
+            return
+        try:
+            out = run(
+                ["squeue", "-h", "-t", "all", "-j", ",".join(map(str, live)), "-o", "%i|%T|%r"]
+            )
+        except TrialError:
+            out = ""  # every id unknown (squeue fails then): each is looked up below
+        seen: dict[int, tuple[str, str]] = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3 and parts[0].isdigit():
+                seen[int(parts[0])] = (parts[1], parts[2])
+        changed = False
+        for job in live:
+            state, reason = seen.get(job, ("", ""))
+            if state and state not in ENDED:
+                new = JobState(state, None, reason)
+            else:
+                shown = show_job(job)  # ended, or forgotten: its exit code
+                if shown is None:
+                    new = JobState("GONE", None, "Slurm no longer knows the job")
+                elif not shown.ended:
+                    new = JobState(shown.state, None, shown.reason)
+                else:
+                    new = shown
+            with self._lock:
+                if job not in self.states:
+                    continue  # forgotten meanwhile
+                changed = changed or self.states[job].state != new.state
+                self.states[job] = new
+        self.interval = POLL_MIN_S if changed else min(self.interval * 2, POLL_MAX_S)

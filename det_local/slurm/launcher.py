@@ -1,0 +1,226 @@
+"""A Slurm pool's launcher: each trial run is one batch job (`sched/launcher.py`'s rules).
+
+* spawn: the plan's batch script (`script.py`) goes to ``sbatch`` as the run's user; the Slurm
+  job id is the run's "pid" (recorded in the job's pid column at once; its start time is the
+  submission's), so a restarted daemon finds the job again.
+* poll: the job's state from the pool's batched poller (`client.Poller`); once it has ended,
+  its exit status. A run that ended for the cluster's reasons (cancelled by someone else, its
+  time limit reached before it checkpointed, a node failure, Slurm's preemption) carries
+  ``lost``: the engine requeues it from its latest checkpoint without spending max_restarts.
+* signal: SIGTERM/SIGKILL cancel the job (``scancel``; Slurm signals every process of it, then
+  kills them after KillWait); another signal goes to every process of the job.
+* adopt: a job Slurm still runs is watched again; a finished one is settled from its state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal as signals
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from det_local.sched.launcher import Lost, RunHandle
+from det_local.sched.plan import LaunchPlan
+from det_local.slurm import client
+from det_local.slurm.config import SlurmPool
+from det_local.slurm.script import Shape, batch_script
+from det_local.store.jobs import JobRecord
+from det_local.store.paths import Paths
+
+# Slurm states that are the cluster's doing, not the trial's
+_LOST = {
+    "TIMEOUT": "reached its Slurm time limit before it checkpointed",
+    "NODE_FAIL": "lost its node (NODE_FAIL)",
+    "PREEMPTED": "was preempted by Slurm",
+    "BOOT_FAIL": "could not start on its node (BOOT_FAIL)",
+    "DEADLINE": "passed its Slurm deadline",
+}
+
+
+@dataclass
+class SlurmRun:
+    job_id: int
+    pid: int  # the Slurm job id
+    started: float | None
+    info_dir: str
+    code: int | None = None
+    problem: str | None = None
+    lost: str | None = None  # why the run ended that is not the trial's doing
+    cancelled: bool = False  # det-local cancelled it (kill, or a preemption that timed out)
+
+
+def slots_of(plan: LaunchPlan) -> int:
+    try:
+        config = json.loads(plan.env.get("DET_EXPERIMENT_CONFIG", "{}"))
+        return int((config.get("resources") or {}).get("slots_per_trial") or 1)
+    except (ValueError, TypeError):
+        return 1
+
+
+class SlurmLauncher:
+    def __init__(
+        self,
+        pool: SlurmPool,
+        paths: Paths,
+        note: Callable[..., None],
+        pool_slots: Callable[[JobRecord], int | None] = lambda job: None,
+    ) -> None:
+        self.pool = pool
+        self.paths = paths
+        self.note = note
+        self.pool_slots = pool_slots  # a command's slots (a trial's are in its config)
+        self.poller = client.Poller()
+
+    def start(self) -> None:
+        self.poller.start()
+
+    def stop(self) -> None:
+        self.poller.stop()  # its jobs run on; the next engine adopts them
+
+    # ------------------------------------------------------------------ rules 1, 2
+    def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
+        from det_local.sched import userfiles
+
+        slots = self.pool_slots(job) or slots_of(plan)
+        script = batch_script(plan, self.pool, slots)
+        log = Path(plan.log_path)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # the job's output file, created as its user (slurmstepd appends to it as the user)
+        os.close(userfiles.open_log(log, userfiles.owner_of(plan)))
+        info = Path(plan.info_dir)
+        info.mkdir(parents=True, exist_ok=True)
+        _own_slot_ids(info, Shape.of(slots, self.pool).per_node)
+        # what was submitted, for people (the run's token left out: the file is readable)
+        token = plan.env.get("DET_LOCAL_TOKEN")
+        shown = script.replace(token, "<per-run token>") if token else script
+        _write_new(info / "slurm-batch.sh", shown)
+        env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        slurm_id = client.sbatch(script, plan.uid, client.job_env(env))
+        self.poller.watch(slurm_id)
+        return SlurmRun(job.id, slurm_id, time.time(), plan.info_dir)
+
+    # ------------------------------------------------------------------ rules 3, 4, 5
+    def wait_fd(self, handle: RunHandle) -> int | None:
+        return None  # the supervisor's bounded tick; the poller bounds Slurm's calls
+
+    def poll(self, handle: RunHandle) -> int | None:
+        assert isinstance(handle, SlurmRun)
+        st = self.poller.state(handle.pid)
+        if st is None or not (st.ended or st.state == "GONE"):
+            return None
+        return self._settle(handle, st)
+
+    def _settle(self, run: SlurmRun, st: client.JobState) -> int:
+        code = st.code
+        if st.state == "GONE":  # Slurm forgot it: what its batch shell wrote
+            code = _exit_file(run.info_dir, run.pid)
+            if code is None:
+                run.lost = "ended while Slurm was not watched, and left no exit status"
+        elif st.state == "CANCELLED" and not run.cancelled:
+            run.lost = "was cancelled outside det-local (scancel by someone else, or an admin)"
+        elif st.state in _LOST:
+            run.lost = _LOST[st.state]
+        elif st.state == "CANCELLED":
+            code = code if code else -signals.SIGTERM
+        if run.lost is not None:
+            code = code if code else -signals.SIGKILL
+            self.note(f"job {run.job_id}: Slurm job {run.pid} {run.lost}", level="WARNING")
+        return 0 if code is None else code
+
+    def signal(self, handle: RunHandle | None, pid: int | None, sig: int) -> None:
+        slurm_id = handle.pid if handle is not None else pid
+        if not slurm_id:
+            return
+        if sig in (signals.SIGTERM, signals.SIGKILL):
+            if isinstance(handle, SlurmRun):
+                handle.cancelled = True
+            client.scancel(slurm_id)
+        else:
+            client.scancel(slurm_id, signal=signals.Signals(sig).name.removeprefix("SIG"))
+        self.poller.hurry()
+
+    def drain(self, handle: RunHandle) -> bool:
+        return True  # Slurm ends every process of a finished job
+
+    def release(self, handle: RunHandle) -> None:
+        self.poller.forget(handle.pid)
+
+    def pids(self, handle: RunHandle) -> list[int]:
+        return []  # none on this machine
+
+    def where(self, handle: RunHandle) -> str:
+        return f"Slurm job {handle.pid}"
+
+    # ------------------------------------------------------------------ rule 6
+    def run_key(self, job: JobRecord) -> str:
+        return f"slurm-{job.id}-{job.run_id}"
+
+    def adopt(self, job: JobRecord) -> SlurmRun | Lost:
+        info = str(
+            self.paths.job_dir(job.id)
+            if job.trial_id is None
+            else self.paths.trial_info_dir(job.experiment_id or 0, job.trial_id, job.run_id)
+        )
+        slurm_id = job.pid
+        if not slurm_id:
+            return Lost(None, False)  # allocated; never submitted (sbatch answers at once)
+        self.poller.watch(slurm_id)
+        self.poller.refresh()  # at a restart, before the loop runs: now
+        st = self.poller.state(slurm_id) or client.JobState("PENDING")
+        run = SlurmRun(job.id, slurm_id, job.pid_start, info)
+        if not (st.ended or st.state == "GONE"):
+            return run
+        code = self._settle(run, st)
+        self.poller.forget(slurm_id)
+        # lost to the cluster while no engine watched: no exit status of the trial's own, so
+        # the restart queues it again from its latest checkpoint (max_restarts untouched)
+        return Lost(
+            None if run.lost else code, True, run.lost and f"Slurm job {slurm_id} {run.lost}"
+        )
+
+    def cleanup(self, live: set[str]) -> None:
+        pass
+
+    def experiment_stopped(self, experiment_id: int) -> None:
+        pass
+
+
+def _exit_file(info_dir: str, slurm_id: int) -> int | None:
+    try:
+        return int(Path(info_dir, f"slurm-exit.{slurm_id}").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _own_slot_ids(info: Path, per_node: int) -> None:
+    """get_cluster_info().slot_ids: the job's own slots on its node (0..n-1, as Slurm numbers
+    what it gives), not this machine's (the run holds none here). Rewritten in place (owner and
+    mode kept), never through a link."""
+    path = info / "cluster.json"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "r+") as f:
+        try:
+            data = json.load(f)
+        except ValueError:
+            return
+        data["slot_ids"] = list(range(per_node))
+        f.seek(0)
+        f.truncate()
+        json.dump(data, f, indent=2)
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write a file in a directory that may be the job's user's (a root daemon): under a new
+    name, never through a link put there, then renamed over the old one."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
