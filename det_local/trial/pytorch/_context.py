@@ -513,18 +513,19 @@ class PyTorchTrialContext(TrialContextBase):
             )
         if not self._should_communicate_and_update():
             return
-        params = [p for group in optimizer.param_groups for p in group.get("params", [])]
-        if (
-            self._optimizer_configs[optimizer]["average_aggregated_gradients"]
-            and self._aggregation_frequency > 1
-        ):
-            for p in params:
-                if p.grad is not None:
-                    p.grad.data.div_(float(self._aggregation_frequency))
-        if clip_grads is not None:
-            if self._scaler is not None and self.experimental._auto_amp:
-                self._scaler.unscale_(optimizer)
-            clip_grads(params)
+        if self._aggregation_frequency > 1 or clip_grads is not None:
+            params = [p for group in optimizer.param_groups for p in group.get("params", [])]
+            if (
+                self._optimizer_configs[optimizer]["average_aggregated_gradients"]
+                and self._aggregation_frequency > 1
+            ):
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.data.div_(float(self._aggregation_frequency))
+            if clip_grads is not None:
+                if self._scaler is not None and self.experimental._auto_amp:
+                    self._scaler.unscale_(optimizer)
+                clip_grads(params)
         if scaler is None and self.experimental._auto_amp:
             scaler = self._scaler
         if scaler is not None:
