@@ -8,6 +8,7 @@ import numbers
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from det_local.trial.pytorch._errors import InvalidTrialError
 from det_local.trial.pytorch._lr_scheduler import auto_step
@@ -51,10 +52,13 @@ class PyTorchStep:
         self.trial = trial
         self.context = context
         self.name = type(trial).__name__
+        self.on_cpu = context.device.type == "cpu"
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         context = self.context
-        if context.experimental._auto_to_device:
+        if context.experimental._auto_to_device and not (
+            self.on_cpu and type(batch) in (tuple, list) and all(type(v) is Tensor for v in batch)
+        ):  # tensors on the CPU device are where they go: nothing to look at
             batch = context.to_device(batch)
         out = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx)
         if context.profiler is not None:
