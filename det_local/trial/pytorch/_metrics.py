@@ -50,6 +50,14 @@ def to_host(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             elif not isinstance(value, (int, float, str, bool)) and value is not None:
                 out[r][key] = to_python(value)
     for (device, _dtype), entries in groups.items():
+        if all(t.dim() == 0 for _, _, t in entries):  # losses: one stack, one copy, one list
+            with torch.no_grad():
+                values = torch.stack([t for _, _, t in entries])
+            if device.type != "cpu":
+                values = values.cpu()
+            for (r, key, _), value in zip(entries, values.tolist(), strict=True):
+                out[r][key] = value
+            continue
         flats = [t.detach().reshape(-1) for _, _, t in entries]
         flat = torch.cat(flats) if len(flats) > 1 else flats[0]
         if device.type != "cpu":
