@@ -23,7 +23,8 @@ differences). The *_paired_overhead_ms figures are medians of per-round differen
 Launch-bound pair (issue 28): a model whose step costs tens of microseconds (MLP
 16-16-4, batch 8), where every microsecond the Trainer spends between two train_batch calls
 shows: launch_raw (a hand-written loop) against launch_trainer (the Trainer), --batches x 4
-batches each, in the same alternating rounds.
+batches each, in the same alternating rounds; each is also run once more per round timed in
+its thread's CPU time (cpu_launch_*: immune to waiting for a core on a shared machine).
 
 On a GPU (--device cuda; skipped with a message where there is no CUDA device): the issue's
 4-layer MLP (1024 -> 4096 x 3 -> 10), batch 256, data already on the GPU (a dataset that gives
@@ -253,6 +254,16 @@ class _DeviceBatches:
         return self.x.index_select(0, index), self.y.index_select(0, index)
 
 
+CPU_CLOCK = False  # the launch pair's second figure: this thread's CPU time, not wall time
+
+
+def _now() -> float:
+    """Wall time, or this thread's CPU time while CPU_CLOCK is set: on a shared machine the
+    launch-bound pair's differences drown in other processes' load; CPU time does not count the
+    time this process waited for a core."""
+    return time.thread_time() if CPU_CLOCK else time.perf_counter()
+
+
 def _as_is(batch: Any) -> Any:
     return batch
 
@@ -266,7 +277,7 @@ def _run_pair_raw(spec: _Spec, batches: int) -> tuple[list[float], Any]:
     model.train()
     while len(times) < batches:
         for x, y in loader:
-            times.append(time.perf_counter())
+            times.append(_now())
             opt.zero_grad()
             with spec.autocast():
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -301,7 +312,7 @@ def _run_pair_trainer(spec: _Spec, batches: int) -> tuple[list[float], Any]:
             self.times: list[float] = []
 
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
-            self.times.append(time.perf_counter())
+            self.times.append(_now())
             x, y = batch
             with spec.autocast():
                 loss = torch.nn.functional.cross_entropy(self.model(x), y)
@@ -341,6 +352,7 @@ def worker(modes: list[str], batches: int, warmup: int, runs: int, weights: str 
 
     import torch
 
+    global CPU_CLOCK
     torch.set_num_threads(1)
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # no migrations mid-run
@@ -364,6 +376,12 @@ def worker(modes: list[str], batches: int, warmup: int, runs: int, weights: str 
             times, model = run[mode](torch, n)
             if i > 0:
                 results[mode].append(_per_batch_ms(times, warmup))
+            if mode.startswith("launch"):  # again, timed in CPU time
+                CPU_CLOCK = True
+                cpu_times, _ = run[mode](torch, n)
+                CPU_CLOCK = False
+                if i > 0:
+                    results.setdefault(f"cpu_{mode}", []).append(_per_batch_ms(cpu_times, warmup))
             if model is not None:
                 final.setdefault(
                     mode, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -507,6 +525,7 @@ def main() -> None:
     determined = median(theirs["runs"]["trainer"]) if theirs else None
     target = round(raw * 1.02 + 0.02, 4)
     launch = _pair(ours["runs"], "launch", 1.02, 0.005)
+    launch_cpu = _pair(ours["runs"], "cpu_launch", 1.02, 0.005)
     result: dict[str, Any] = {
         "raw_ms_per_batch": raw,
         "det_local_ms_per_batch": det_local,
@@ -526,6 +545,7 @@ def main() -> None:
         "determined_error": determined_error,
         "determined_version": theirs["determined"] if theirs else None,
         **launch,
+        **launch_cpu,
         "torch": torch.__version__,
         "batches": args.batches,
         "warmup": args.warmup,
@@ -556,6 +576,11 @@ def main() -> None:
         f"{launch['launch_trainer_ms_per_batch'] * 1000:.1f} us (paired "
         f"{launch['launch_paired_overhead_ms'] * 1000:+.1f} us; target <= "
         f"{launch['launch_target_max_ms'] * 1000:.1f} us)"
+    )
+    print(
+        f"  the same in CPU time: loop {launch_cpu['cpu_launch_raw_ms_per_batch'] * 1000:.1f} us, "
+        f"Trainer {launch_cpu['cpu_launch_trainer_ms_per_batch'] * 1000:.1f} us (paired "
+        f"{launch_cpu['cpu_launch_paired_overhead_ms'] * 1000:+.1f} us)"
     )
     print(f"final weights det-local vs loop: {'identical' if identical else 'DIFFERENT'}")
     print(json.dumps(result))

@@ -262,15 +262,16 @@ class TrialController:
         epoch_len = context._epoch_len
         assert epoch_len
         train_batch = self.step.train_batch
-        add = self.metrics.add
+        add = self.metrics.adder()
         callbacks = list(self.callbacks.values())
         stop_at = self._first_stop(boundaries, state.batches_trained, epoch_len)
         stop_check = self.stop_check_per_batch
         preempt = self.core.preempt
+        holder = getattr(preempt, "_flag_holder", lambda: None)()
         for batch_idx, batch in self.data.train_enum:
-            epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
+            epoch_idx = batch_idx // epoch_len
             context._current_batch_idx = batch_idx
-            if in_epoch == 0 and callbacks:
+            if callbacks and batch_idx % epoch_len == 0:
                 self._on_epoch_start(epoch_idx)
             add(batch_idx, train_batch(batch, epoch_idx, batch_idx))
             state.batches_trained += 1
@@ -280,7 +281,10 @@ class TrialController:
                 state.epochs_trained += 1
             if batch_idx + 1 >= stop_at and self._reached(boundaries, batch_idx, epoch_len):
                 return
-            if stop_check and (context._stop_requested or preempt.should_preempt()):
+            if stop_check and (
+                context._stop_requested
+                or (holder is not None and holder.preempted and preempt.should_preempt())
+            ):
                 return
         self.exhausted = True
 

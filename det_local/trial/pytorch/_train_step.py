@@ -56,10 +56,15 @@ class PyTorchStep:
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         context = self.context
-        if context.experimental._auto_to_device and not (
-            self.on_cpu and type(batch) in (tuple, list) and all(type(v) is Tensor for v in batch)
-        ):  # tensors on the CPU device are where they go: nothing to look at
-            batch = context.to_device(batch)
+        if context.experimental._auto_to_device:
+            moved = not self.on_cpu or type(batch) not in (tuple, list)
+            if not moved:  # tensors on the CPU device are where they go: nothing to look at
+                for value in batch:
+                    if type(value) is not Tensor:
+                        moved = True
+                        break
+            if moved:
+                batch = context.to_device(batch)
         out = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx)
         if context.profiler is not None:
             context.profiler.step()
