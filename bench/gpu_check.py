@@ -38,7 +38,8 @@ def run_tests() -> dict[str, Any]:
                     found = case.find(tag)
                     if found is not None:
                         outcome = {"failure": "failed", "error": "error"}.get(tag, tag)
-                        why = (found.get("message") or "").splitlines()[0][:160] if tag else ""
+                        said = (found.get("message") or "").splitlines()
+                        why = said[0][:160] if said else ""
                         break
                 outcomes[name] = f"{outcome}{': ' + why if why else ''}"
     return {"returncode": proc.returncode, "tests": outcomes}
