@@ -1,6 +1,11 @@
 test:
 	python -m pytest -q
 
+# the GPU checks (tests marked gpu, bench/trainer_overhead.py --device cuda), one summary;
+# every check skips on a machine without an NVIDIA GPU
+gpu-check:
+	python bench/gpu_check.py
+
 lint:
 	ruff check det_local tests bench examples
 	ruff format --check det_local tests bench examples

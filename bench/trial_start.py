@@ -13,7 +13,13 @@ and submission to the first metric of each search's first trial.
 
 Keys: cold_s_p50, warm_s_p50, import_torch_s_p50 (target: warm_s_p50 <= 0.3).
 
-Usage: python3 bench/trial_start.py [--rounds 3] [--trials 5]
+--stack common (issue 28): the script imports the common data-science stack at its top level
+(torch, scikit-learn, pandas; pyarrow comes with pandas where it is installed, and its jemalloc
+starts a background thread at import, which the zygote switches off), and the anchor is
+``python -c "import torch, sklearn, pandas"`` (import_stack_s_p50). The result says whether
+pyarrow is installed (pyarrow_installed); the target is the same.
+
+Usage: python3 bench/trial_start.py [--rounds 3] [--trials 5] [--stack torch|common]
 """
 
 from __future__ import annotations
@@ -51,6 +57,19 @@ loss = model(torch.randn(4, 8)).pow(2).mean().item()
 with det.core.init() as core:
     core.train.report_training_metrics(steps_completed=1, metrics={"loss": loss})
 """
+
+
+COMMON_IMPORTS = "import torch\nimport sklearn\nimport pandas\n"
+
+
+def script(stack: str) -> str:
+    """The trial's script: torch alone, or the common stack imported at its top level."""
+    if stack == "torch":
+        return SCRIPT
+    common = SCRIPT.replace("import torch\n", COMMON_IMPORTS, 1)
+    return common.replace(
+        "model = torch.nn", "assert pandas.DataFrame({'a': [1]}).shape\nmodel = torch.nn"
+    )
 
 
 def config(warm: bool, trials: int) -> str:
@@ -125,10 +144,17 @@ def starts(db: Path, exp_id: int) -> tuple[list[float], list[float], list[bool],
     return to_metric, to_hello, [bool(r[4]) for r in later], first
 
 
-def import_torch() -> float:
+def import_torch(stack: str = "torch") -> float:
+    code = "import torch" if stack == "torch" else "import torch, sklearn, pandas"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True)
     return time.perf_counter() - start
+
+
+def pyarrow_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def p50(values: list[float]) -> float:
@@ -139,19 +165,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--stack", choices=["torch", "common"], default="torch")
     args = parser.parse_args()
     cold, warm, cold_hello, warm_hello, torch_s, first = [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
         home = Path(tmp) / "home"
         ctx = Path(tmp) / "ctx"
         ctx.mkdir()
-        (ctx / "train.py").write_text(SCRIPT)
+        (ctx / "train.py").write_text(script(args.stack))
         with Daemon(str(home), DET_LOCAL_CPU_SLOTS="1", DET_LOCAL_METRIC_LINES="0") as daemon:
             db = home / "det-local.db"
-            import_torch()  # page cache
+            import_torch(args.stack)  # page cache
             for rnd in range(args.rounds):
                 for mode in ("cold", "warm") if rnd % 2 == 0 else ("warm", "cold"):
-                    torch_s.append(import_torch())
+                    torch_s.append(import_torch(args.stack))
                     on = mode == "warm"
                     exp_id = submit(daemon.env, ctx, on, args.trials)
                     wait_done(db, exp_id)
@@ -166,7 +193,11 @@ def main() -> None:
             {
                 "cold_s_p50": p50(cold),
                 "warm_s_p50": p50(warm),
-                "import_torch_s_p50": p50(torch_s),
+                "stack": args.stack,
+                ("import_torch_s_p50" if args.stack == "torch" else "import_stack_s_p50"): p50(
+                    torch_s
+                ),
+                "pyarrow_installed": pyarrow_installed(),
                 "cold_spawn_to_hello_s_p50": p50(cold_hello),
                 "warm_spawn_to_hello_s_p50": p50(warm_hello),
                 "submit_to_first_metric_s_p50": p50(first),

@@ -165,3 +165,84 @@ def test_a_fork_request_from_another_uid_is_refused() -> None:
         _, err = proc.communicate()
         shutil.rmtree(where, ignore_errors=True)
     assert "refused a fork request from uid 65534 (only the daemon's is served)" in err
+
+
+# What the common data-science stack starts at import: scikit-learn imports pandas, which imports
+# pyarrow, whose bundled jemalloc starts its background thread as libarrow loads.
+STACK = r"""
+import json, sys
+from det_local.trial import zygote
+if sys.argv[1] == "quiet":
+    zygote.quiet_allocators()
+assert zygote.preload(["sklearn", "pandas", "pyarrow", "torch"]) is None
+before = zygote.extra_threads()
+zygote.probe_fork()
+print(json.dumps({"before": before, "after": zygote.extra_threads(),
+                  "unsafe": zygote.unsafe_threads()}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["as-is", "quiet"])
+def test_the_common_stack_leaves_no_thread_unsafe_to_fork(mode: str) -> None:
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("pandas")
+    env = {k: v for k, v in os.environ.items() if k != zygote.JEMALLOC_CONF_VAR}
+    r = subprocess.run(
+        [sys.executable, "-c", STACK, mode], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    if mode == "as-is":
+        # the issue's environment: jemalloc's thread runs (tolerated, see FORK_SAFE_THREADS)
+        assert seen["after"] == ["jemalloc_bg_thd"], seen
+    else:
+        # the zygote's: switched off through jemalloc's own configuration
+        assert "jemalloc_bg_thd" not in seen["before"], seen
+        assert seen["after"] == [], seen
+    assert seen["unsafe"] == []
+
+
+def test_quiet_allocators_keeps_the_users_jemalloc_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(zygote.JEMALLOC_CONF_VAR, "narenas:2")
+    zygote.quiet_allocators()
+    assert os.environ[zygote.JEMALLOC_CONF_VAR] == "narenas:2,background_thread:false"
+    monkeypatch.delenv(zygote.JEMALLOC_CONF_VAR)
+    zygote.quiet_allocators()
+    assert os.environ[zygote.JEMALLOC_CONF_VAR] == "background_thread:false"
+
+
+def test_an_unknown_thread_after_the_preload_ends_it_with_one_line(tmp_path: Path) -> None:
+    # a module that starts a thread of its own (named, as a native library's would be)
+    (tmp_path / "spinner.py").write_text(
+        "import ctypes, threading, time\n"
+        "def spin():\n"
+        "    ctypes.CDLL(None).prctl(15, b'spinner', 0, 0, 0)  # PR_SET_NAME\n"
+        "    while True:\n"
+        "        time.sleep(1)\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+    )
+    sock = tmp_path / "s"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "det_local.trial.zygote",
+            str(sock),
+            str(os.getpid()),
+            "0",
+            "spinner",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"},
+    )
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == zygote.THREADS_RUNNING
+    main = Path(sys.executable).name[:15]
+    assert err == (
+        f"det-local zygote: 2 threads run after preloading ({main}, spinner), not known to be "
+        "safe to fork: spinner; this experiment's trials start cold\n"
+    )
+    assert not sock.exists()

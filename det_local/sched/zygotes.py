@@ -46,6 +46,26 @@ a symlink at any step (`store/safe_open.read_bounded_in`): a script outside the 
 absolute path, ``..``), a symlink, a FIFO, a device or a huge (or sparse) file means a cold
 start, and the reason is said once.
 
+Threads after the preload: forking copies one thread only, so a zygote forks only when no
+thread runs beside its main one that a fork is not known to be safe with (its list and the
+switches are `trial/zygote.py`'s ``FORK_SAFE_THREADS`` and ``quiet_allocators``), per kind:
+
+* jemalloc's background thread (``jemalloc_bg_thd``), started as libarrow loads, i.e. by
+  ``import pyarrow``, ``pandas`` or ``sklearn`` wherever pyarrow is installed (measured: torch,
+  numpy and scipy start none). Switched off in the zygote through jemalloc's own configuration
+  (``JE_ARROW_MALLOC_CONF=background_thread:false``, appended to any the user gave, set in the
+  zygote's os.environ before the preload; the trial's environment is its plan's, without it).
+  This changes nothing a forked trial would otherwise have: jemalloc's atfork child handler turns
+  background threads off in every forked child (measured: a child of a process with the thread
+  running allocates through pyarrow and starts none), so the trial runs without one either way
+  (a cold trial has it; it only purges freed pages off the allocating threads). A jemalloc that
+  does not read that variable (another build, or one in LD_PRELOAD) keeps its thread: tolerated,
+  since jemalloc holds all its locks across a fork in its own pthread_atfork handlers.
+* OpenBLAS and OpenMP pools (numpy, torch): stopped by their own atfork handlers at the
+  zygote's probe fork, before it checks.
+* anything else: not known to be safe; the experiment's trials start cold, said once with the
+  threads' names.
+
 A zygote serves the trials whose environment, apart from the per-trial variables (``DET_*``,
 ``CUDA_VISIBLE_DEVICES``, the run's ports), user, interpreter, working directory and module list
 are its own (:attr:`WarmSpec.key`); a trial with another key replaces the experiment's zygote.

@@ -8,19 +8,21 @@ as a trial (``sched/zygotes.py``)::
     python3 -m det_local.trial.zygote SOCKET DAEMON_PID DAEMON_UID MODULE[,MODULE...]
 
 It imports the modules (and, of torch, what torch imports lazily on a trial's first optimizer:
-``LAZY``), checks that the fork is safe (CUDA not initialised; a single thread once
-a probe fork has let libraries stop their pools with their own atfork handlers), then listens on
-SOCKET (its directory is the user's, mode 0700; the socket 0600) for fork requests, accepted
-only from the daemon's uid (SO_PEERCRED: root or DAEMON_UID). A request is the trial's log
+``LAZY``), checks that the fork is safe (CUDA not initialised; no thread but the main one and
+fork-safe helpers, FORK_SAFE_THREADS, once a probe fork has let libraries stop their pools with
+their own atfork handlers; jemalloc's background thread is switched off before the preload), then
+listens on SOCKET (its directory is the user's, mode 0700; the socket 0600) for fork requests,
+accepted only from the daemon's uid (SO_PEERCRED: root or DAEMON_UID). A request is the trial's log
 descriptor (SCM_RIGHTS) and a frame ``{t: fork, argv, env, cwd, umask, exit_file}``; the zygote
 forks. The child makes itself what a fresh trial process would be (its own session, umask,
-stdout/stderr to the log, stdin /dev/null), answers ``{t: forked, pid}`` (so the daemon's
-process group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once
-the daemon has moved it into the job's cgroup, having checked the pid), takes its cwd, exactly
-``env`` (plus what a fresh interpreter adds to it at start-up: the C locale coercion's LC_CTYPE,
-:func:`interpreter_added`), ``sys.argv``, ``sys.path[0]`` the script's directory, then runs the
-script with ``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is
-a fresh fork of the zygote, which runs no trial code itself.
+stdout/stderr to the log, stdin /dev/null), answers ``{t: forked, pid}`` (so the daemon's process
+group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once the daemon has
+moved it into the job's cgroup, having checked the pid), takes its cwd, exactly ``env`` (plus what a
+fresh interpreter adds to it at start-up: the C locale coercion's LC_CTYPE,
+:func:`interpreter_added`, and what the preloaded modules set at import, as the trial's own imports
+of them would), ``sys.argv``, ``sys.path[0]`` the script's directory, then runs the script with
+``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is a fresh fork of
+the zygote, which runs no trial code itself.
 
 The zygote reaps its children and writes each one's exit status (the wrapper's convention:
 128+N for signal N) to its ``exit_file`` before the pid disappears (waitid WNOWAIT), so the
@@ -29,7 +31,8 @@ away (its pid ends) or on SIGTERM it stops accepting, waits for its running chil
 a restarted daemon adopts no zygote.
 
 Exit statuses of the zygote itself: 0 stopped; 3 a module failed to import; 4 CUDA was
-initialised by an import; 5 threads are running after the imports. Each with one line on stderr.
+initialised by an import; 5 threads not known to be fork-safe are running after
+the imports. Each with one line on stderr.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from typing import Any
 
 from det_local import rpc
@@ -98,7 +102,7 @@ def cuda_initialised() -> bool:
 def threads() -> list[str]:
     """The names of this process's threads (/proc/self/task)."""
     names = []
-    for tid in sorted(os.listdir("/proc/self/task")):
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 names.append(f.read().strip())
@@ -107,10 +111,65 @@ def threads() -> list[str]:
     return names
 
 
+# Threads a preload leaves running, by kind, and what the zygote does about each (the reason is
+# written once, in sched/zygotes.py's "Threads after the preload"). Told apart by their names
+# (/proc/self/task/*/comm), the main thread by its id.
+#
+# * jemalloc's background thread (``jemalloc_bg_thd``: pyarrow's bundled jemalloc, started when
+#   libarrow loads, so by ``import pyarrow``, ``import pandas`` and ``import sklearn``): switched
+#   off through jemalloc's own configuration before the preload (JEMALLOC_CONF_VAR, which that
+#   jemalloc reads at its initialisation); one still running (another jemalloc, e.g. one in
+#   LD_PRELOAD, reading MALLOC_CONF) is tolerated: jemalloc's pthread_atfork handlers hold all
+#   its locks across the fork, and its child handler turns background threads off in the child
+#   (so a forked trial runs without one either way).
+# * OpenBLAS and OpenMP pools (numpy, torch): stopped by their own atfork handlers at the probe
+#   fork; one that survives it is not known to be safe.
+# * anything else: not known to be safe to fork; the experiment's trials start cold.
+JEMALLOC_CONF_VAR = "JE_ARROW_MALLOC_CONF"  # pyarrow's jemalloc (symbol prefix je_arrow_)
+JEMALLOC_OFF = "background_thread:false"
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
+def quiet_allocators() -> None:
+    """Turn jemalloc's background thread off for what this process loads next, keeping any
+    configuration the user gave it (jemalloc reads options left to right: ours wins). Set in
+    this process's os.environ only: a forked trial's environment is exactly its plan's."""
+    given = os.environ.get(JEMALLOC_CONF_VAR, "")
+    os.environ[JEMALLOC_CONF_VAR] = f"{given},{JEMALLOC_OFF}" if given else JEMALLOC_OFF
+
+
+def extra_threads() -> list[str]:
+    """The names of this process's threads other than its main thread."""
+    names = []
+    me = str(os.getpid())
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    return names
+
+
+def unsafe_threads() -> list[str]:
+    """The threads (names) running now that a fork is not known to be safe with."""
+    return [name for name in extra_threads() if name not in FORK_SAFE_THREADS]
+
+
+def fork() -> int:
+    """os.fork, without Python 3.12's warning about forking a multi-threaded process when only
+    fork-safe threads (FORK_SAFE_THREADS) run; the child leaves with the parent's filters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*multi-threaded.*", category=DeprecationWarning)
+        return os.fork()
+
+
 def probe_fork() -> None:
     """Fork once and reap: libraries that keep thread pools (OpenBLAS, loaded by numpy) stop
     them in their pthread_atfork handlers, so what runs after this is what a fork would copy."""
-    pid = os.fork()
+    pid = fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
@@ -148,11 +207,20 @@ def interpreter_added() -> dict[str, str]:
 
 class Zygote:
     def __init__(
-        self, sock_path: str, daemon_pid: int, daemon_uid: int, added: dict[str, str]
+        self,
+        sock_path: str,
+        daemon_pid: int,
+        daemon_uid: int,
+        added: dict[str, str],
+        imported: dict[str, str] | None = None,
     ) -> None:
         self.sock_path = sock_path
         self.daemon_uid = daemon_uid
         self.added = added  # interpreter_added(), read before any preload could setenv
+        # what the preloaded modules set at import (scikit-learn: KMP_DUPLICATE_LIB_OK and
+        # KMP_INIT_AT_FORK, with setdefault): the trial imports them at its top level, which a
+        # cold trial's imports would set; the trial's own values win, as setdefault's do
+        self.imported = imported or {}
         self.children: dict[int, str] = {}  # pid -> its exit file
         self.accepting = True
         self.sel = selectors.DefaultSelector()
@@ -252,12 +320,13 @@ class Zygote:
             self._fork(conn, fds[0], req)
 
     def _fork(self, conn: socket.socket, log_fd: int, req: dict[str, Any]) -> None:
-        running = threads()
-        if len(running) != 1:
+        unsafe = unsafe_threads()
+        if unsafe:
             os.close(log_fd)
-            rpc.send(conn, {"t": "refused", "error": f"{len(running)} threads are running"})
+            said = f"threads not known to be fork-safe are running ({', '.join(unsafe)})"
+            rpc.send(conn, {"t": "refused", "error": said})
             return
-        pid = os.fork()
+        pid = fork()
         if pid == 0:
             try:
                 code = self._child(conn, log_fd, req)
@@ -293,7 +362,8 @@ class Zygote:
         conn.close()
         if go is None or go.get("t") != "go":
             return 125
-        return run(list(req["argv"]), {**self.added, **dict(req["env"])}, str(req["cwd"]))
+        env = {**self.added, **self.imported, **dict(req["env"])}
+        return run(list(req["argv"]), env, str(req["cwd"]))
 
 
 def run(argv: list[str], env: dict[str, str], cwd: str) -> int:
@@ -354,23 +424,29 @@ def main(args: list[str]) -> int:
     # (importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR; a cold trial sets it only when
     # it imports that module itself)
     added = interpreter_added()
+    quiet_allocators()
+    before = dict(os.environ)
     why = preload([m for m in modules.split(",") if m])
     if why is not None:
         _say(f"{why}; this experiment's trials start cold")
         return PRELOAD_FAILED
+    # the script's own top-level imports only, not LAZY's (which the trial may never import)
+    imported = {k: v for k, v in os.environ.items() if before.get(k) != v}
     preload_lazy()
     if cuda_initialised():
         _say("CUDA was initialised while preloading; this experiment's trials start cold")
         return CUDA_INITIALISED
     probe_fork()
-    running = threads()
-    if len(running) != 1:
+    unsafe = unsafe_threads()
+    if unsafe:
+        running = threads()
         _say(
-            f"{len(running)} threads run after preloading ({', '.join(running)}); "
-            "this experiment's trials start cold"
+            f"{len(running)} threads run after preloading ({', '.join(running)}), "
+            f"not known to be safe to fork: {', '.join(unsafe)}; this experiment's trials start "
+            "cold"
         )
         return THREADS_RUNNING
-    Zygote(sock_path, int(daemon_pid), int(daemon_uid), added).serve()
+    Zygote(sock_path, int(daemon_pid), int(daemon_uid), added, imported).serve()
     return 0
 
 

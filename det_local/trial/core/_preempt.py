@@ -38,6 +38,12 @@ class PreemptContext:
         self._mode = PreemptMode(mode)
         self._acked = False
 
+    def _flag_holder(self) -> Session | None:
+        """What holds this process's preemption flag (its ``preempted`` attribute), for a loop
+        that checks it after every batch without a call (one process only: the ranks' modes
+        do not apply); None: nothing can preempt it (off det-local)."""
+        return self._session
+
     def _flag(self, auto_ack: bool) -> bool:
         session = self._session
         if session is None or not session.preempted:

@@ -54,7 +54,8 @@ class PyTorchCheckpointer:
                 uuid = self._save_async(state, extra, metadata, exclude)
             else:
                 started = time.perf_counter()
-                with env.core.checkpoint.store_path(metadata) as (path, storage_id):
+                store = env.core.checkpoint.store_path(metadata, _unsynced=_checkpoint.UNSYNCED)
+                with store as (path, storage_id):
                     _checkpoint.save(
                         path,
                         context=env.context,
@@ -97,7 +98,7 @@ class PyTorchCheckpointer:
         trial_state = state.as_dict()
         load_data = _checkpoint.host_copy(_checkpoint.load_data_of(env.context, env.trial))
         code_root = Path.cwd()
-        store = env.core.checkpoint.store_path(metadata)
+        store = env.core.checkpoint.store_path(metadata, _unsynced=_checkpoint.UNSYNCED)
         path, uuid = store.__enter__()
 
         def job() -> None:

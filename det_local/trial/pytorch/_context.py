@@ -481,7 +481,11 @@ class PyTorchTrialContext(TrialContextBase):
         only accumulate (aggregation_frequency > 1)."""
         if self._scaler is not None and self.experimental._auto_amp:
             loss = self._scaler.scale(loss)
-        if self._ddp_enabled() and not self._should_communicate_and_update():
+        if (
+            self.distributed.size > 1
+            and self._ddp_enabled()
+            and not self._should_communicate_and_update()
+        ):
             with self._no_sync():
                 loss.backward(
                     gradient=gradient, retain_graph=retain_graph, create_graph=create_graph
@@ -511,20 +515,24 @@ class PyTorchTrialContext(TrialContextBase):
                 "step_optimizer(auto_zero_grads=False) cannot be used with "
                 f"aggregation_frequency={self._aggregation_frequency}; leave auto_zero_grads=True"
             )
-        if not self._should_communicate_and_update():
-            return
-        params = [p for group in optimizer.param_groups for p in group.get("params", [])]
+        # every batch updates (aggregation_frequency 1, training started): no call to ask
         if (
-            self._optimizer_configs[optimizer]["average_aggregated_gradients"]
-            and self._aggregation_frequency > 1
-        ):
-            for p in params:
-                if p.grad is not None:
-                    p.grad.data.div_(float(self._aggregation_frequency))
-        if clip_grads is not None:
-            if self._scaler is not None and self.experimental._auto_amp:
-                self._scaler.unscale_(optimizer)
-            clip_grads(params)
+            self._aggregation_frequency > 1 or self._current_batch_idx is None
+        ) and not self._should_communicate_and_update():
+            return
+        if self._aggregation_frequency > 1 or clip_grads is not None:
+            params = [p for group in optimizer.param_groups for p in group.get("params", [])]
+            if (
+                self._optimizer_configs[optimizer]["average_aggregated_gradients"]
+                and self._aggregation_frequency > 1
+            ):
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.data.div_(float(self._aggregation_frequency))
+            if clip_grads is not None:
+                if self._scaler is not None and self.experimental._auto_amp:
+                    self._scaler.unscale_(optimizer)
+                clip_grads(params)
         if scaler is None and self.experimental._auto_amp:
             scaler = self._scaler
         if scaler is not None:

@@ -216,6 +216,10 @@ def to_device(data: Any, device: torch.device, warned_types: set[type] | None = 
             return data
         non_blocking = device.type == "cuda" and data.device.type == "cpu"
         return data.to(device, non_blocking=non_blocking)
+    if type(data) in (tuple, list) and all(
+        type(v) is torch.Tensor and v.device == device for v in data
+    ):
+        return data  # a batch of tensors already there (the common CPU case): nothing to move
     if warned_types is None:
         warned_types = set()
     if isinstance(data, dict):

@@ -241,54 +241,83 @@ class TrialController:
         if not self._checkpoint_is_current():
             self._checkpoint(already_exiting=False)
 
-    def _stop_wanted(self) -> bool:
-        return self.context.get_stop_requested() or bool(self.core.preempt.should_preempt())
-
     def _check_stop(self) -> None:
         if self.core.preempt.should_preempt() or self.context.get_stop_requested():
             raise ShouldExit()
 
     def _train_until_boundary(self, boundaries: list[Boundary]) -> None:
+        """Train batches until a boundary is reached (or a stop is wanted, or the data end).
+
+        The per-batch path is kept to what a hand-written loop cannot avoid either (issue 28:
+        bench/trainer_overhead.py's launch-bound pair): the batch, its step, its metrics kept
+        on the device, the counters; the boundaries are evaluated only from the first batch at
+        which one of them can be reached (`_first_stop`), the preemption and stop check is two
+        flag reads."""
         if self.is_chief:
             self.core.train.set_status("training")
         for model in self.context.models:
             model.train()
         self.context.reset_reducers()
-        epoch_len = self.context._epoch_len
+        context, state = self.context, self.state
+        epoch_len = context._epoch_len
         assert epoch_len
         train_batch = self.step.train_batch
-        test_mode = self.settings.test_mode
+        add = self.metrics.adder()
+        callbacks = list(self.callbacks.values())
+        stop_at = self._first_stop(boundaries, state.batches_trained, epoch_len)
+        stop_check = self.stop_check_per_batch
+        preempt = self.core.preempt
+        holder = getattr(preempt, "_flag_holder", lambda: None)()
         for batch_idx, batch in self.data.train_enum:
-            epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
-            self.context._current_batch_idx = batch_idx
-            if in_epoch == 0:
+            epoch_idx = batch_idx // epoch_len
+            context._current_batch_idx = batch_idx
+            if callbacks and batch_idx % epoch_len == 0:
                 self._on_epoch_start(epoch_idx)
-            self.metrics.add(batch_idx, train_batch(batch, epoch_idx, batch_idx))
-            self._step_batch()
-            reached = False
-            for boundary in boundaries:
-                unit = boundary.unit
-                if isinstance(unit, Epoch):
-                    if in_epoch == epoch_len - 1 and unit.should_stop(epoch_idx + 1):
-                        boundary.limit_reached = True
-                elif unit.should_stop(batch_idx + 1):
-                    boundary.limit_reached = True
-                if test_mode and boundary.kind is Kind.TRAIN:
-                    boundary.limit_reached = True
-                reached = reached or boundary.limit_reached
-            if reached or (self.stop_check_per_batch and self._stop_wanted()):
+            add(batch_idx, train_batch(batch, epoch_idx, batch_idx))
+            state.batches_trained += 1
+            if (state.batches_trained - 1) % epoch_len == epoch_len - 1:
+                for cb in callbacks:
+                    cb.on_training_epoch_end((state.batches_trained - 1) // epoch_len)
+                state.epochs_trained += 1
+            if batch_idx + 1 >= stop_at and self._reached(boundaries, batch_idx, epoch_len):
+                return
+            if stop_check and (
+                context._stop_requested
+                or (holder is not None and holder.preempted and preempt.should_preempt())
+            ):
                 return
         self.exhausted = True
 
-    def _step_batch(self) -> None:
-        self.state.batches_trained += 1
-        epoch_len = self.context._epoch_len
-        assert epoch_len
-        epoch_idx, in_epoch = divmod(self.state.batches_trained - 1, epoch_len)
-        if in_epoch == epoch_len - 1:
-            for cb in self.callbacks.values():
-                cb.on_training_epoch_end(epoch_idx)
-            self.state.epochs_trained += 1
+    def _first_stop(self, boundaries: list[Boundary], done: int, epoch_len: int) -> int:
+        """The first batch count after `done` at which a boundary can be reached: before it,
+        none is (0: one of them has a schedule, so every batch is checked)."""
+        if self.settings.test_mode:
+            return done + 1
+        first = None
+        for boundary in boundaries:
+            value = boundary.unit.value
+            if not isinstance(value, int) or isinstance(value, bool):
+                return 0
+            period = max(value, 1) * (epoch_len if isinstance(boundary.unit, Epoch) else 1)
+            at = (done // period + 1) * period
+            first = at if first is None else min(first, at)
+        return first if first is not None else 0
+
+    def _reached(self, boundaries: list[Boundary], batch_idx: int, epoch_len: int) -> bool:
+        """Mark the boundaries reached at this batch; whether any is."""
+        epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
+        reached = False
+        for boundary in boundaries:
+            unit = boundary.unit
+            if isinstance(unit, Epoch):
+                if in_epoch == epoch_len - 1 and unit.should_stop(epoch_idx + 1):
+                    boundary.limit_reached = True
+            elif unit.should_stop(batch_idx + 1):
+                boundary.limit_reached = True
+            if self.settings.test_mode and boundary.kind is Kind.TRAIN:
+                boundary.limit_reached = True
+            reached = reached or boundary.limit_reached
+        return reached
 
     def _on_epoch_start(self, epoch_idx: int) -> None:
         for cb in self.callbacks.values():

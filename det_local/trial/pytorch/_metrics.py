@@ -6,7 +6,7 @@ Nothing here reads a device tensor per batch: `MetricsBuffer.add` only detaches.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +50,14 @@ def to_host(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             elif not isinstance(value, (int, float, str, bool)) and value is not None:
                 out[r][key] = to_python(value)
     for (device, _dtype), entries in groups.items():
+        if all(t.dim() == 0 for _, _, t in entries):  # losses: one stack, one copy, one list
+            with torch.no_grad():
+                values = torch.stack([t for _, _, t in entries])
+            if device.type != "cpu":
+                values = values.cpu()
+            for (r, key, _), value in zip(entries, values.tolist(), strict=True):
+                out[r][key] = value
+            continue
         flats = [t.detach().reshape(-1) for _, _, t in entries]
         flat = torch.cat(flats) if len(flats) > 1 else flats[0]
         if device.type != "cpu":
@@ -152,6 +160,22 @@ class MetricsBuffer:
         self._rows.append(
             {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
         )
+
+    def adder(self) -> Callable[[int, dict[str, Any]], None]:
+        """`add` for a loop's hot path, valid until the next `drain()`: the common answer (one
+        tensor, the loss) costs no Python call of its own."""
+        idxs, rows = self._idxs, self._rows
+        add_idx, add_row = idxs.append, rows.append
+        tensor = torch.Tensor
+
+        def add(batch_idx: int, metrics: dict[str, Any]) -> None:
+            add_idx(batch_idx)
+            if len(metrics) == 1 and "loss" in metrics and type(metrics["loss"]) is tensor:
+                add_row({"loss": metrics["loss"].detach()})
+            else:
+                add_row({k: v.detach() if isinstance(v, tensor) else v for k, v in metrics.items()})
+
+        return add
 
     def __len__(self) -> int:
         return len(self._rows)

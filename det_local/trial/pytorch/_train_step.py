@@ -8,6 +8,7 @@ import numbers
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from det_local.trial.pytorch._errors import InvalidTrialError
 from det_local.trial.pytorch._lr_scheduler import auto_step
@@ -51,24 +52,36 @@ class PyTorchStep:
         self.trial = trial
         self.context = context
         self.name = type(trial).__name__
+        self.on_cpu = context.device.type == "cpu"
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         context = self.context
-        context._loss_ids = {}
         if context.experimental._auto_to_device:
-            batch = context.to_device(batch)
+            moved = not self.on_cpu or type(batch) not in (tuple, list)
+            if not moved:  # tensors on the CPU device are where they go: nothing to look at
+                for value in batch:
+                    if type(value) is not Tensor:
+                        moved = True
+                        break
+            if moved:
+                batch = context.to_device(batch)
         out = self.trial.train_batch(batch=batch, epoch_idx=epoch_idx, batch_idx=batch_idx)
         if context.profiler is not None:
             context.profiler.step()
-        if (
-            context._scaler is not None
-            and context.experimental._auto_amp
-            and context._should_communicate_and_update()
-        ):
+        if context._scaler is not None or context.lr_schedulers:
+            self._after_step(batch_idx)
+        if type(out) is dict:  # the common answer, as is
+            return out
+        return as_metrics(out, self.name)
+
+    def _after_step(self, batch_idx: int) -> None:
+        """The AMP scaler and the LR schedulers, stepped on the batches that update."""
+        context = self.context
+        if not context._should_communicate_and_update():
+            return
+        if context._scaler is not None and context.experimental._auto_amp:
             context._scaler.update()
-        out = as_metrics(out, self.name)
-        if context.lr_schedulers and context._should_communicate_and_update():
+        if context.lr_schedulers:
             assert context._epoch_len
             for sched in context.lr_schedulers:
                 auto_step(sched, batch_idx, context._aggregation_frequency, context._epoch_len)
-        return out

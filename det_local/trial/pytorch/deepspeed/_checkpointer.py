@@ -45,7 +45,8 @@ class DeepSpeedCheckpointer:
         metadata = checkpoint_metadata(state.batches_trained)
         trial_state = state.as_dict()
         trial_state[LOADER_BATCHES] = self._loader_batches()
-        with env.core.checkpoint.store_path(metadata, shard=True) as (path, uuid):
+        store = env.core.checkpoint.store_path(metadata, shard=True, _unsynced=_checkpoint.UNSYNCED)
+        with store as (path, uuid):
             self._save(Path(path), trial_state, extra)
         if env.is_chief:
             self.timings.append(
