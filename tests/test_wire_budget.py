@@ -1,0 +1,148 @@
+"""The budgeted msgpack decoder (det_local/wire/budget.py): every bomb the issue names is refused
+with its one line, quickly, and legitimate messages decode exactly as msgpack would."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import msgpack
+import pytest
+
+from det_local.wire.budget import (
+    SPOOL_REQUEST,
+    TRIAL_HELLO,
+    TRIAL_SESSION,
+    Budget,
+    Refused,
+    decode,
+    scan,
+)
+
+MIB = 1024 * 1024
+
+
+def refused(data: bytes, budget: Budget = SPOOL_REQUEST) -> str:
+    start = time.perf_counter()
+    with pytest.raises(Refused) as info:
+        decode(data, budget)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"refusing took {elapsed:.3f}s"
+    text = str(info.value)
+    assert "\n" not in text
+    return text
+
+
+def test_nested_empty_maps_refused_at_the_depth_limit() -> None:
+    # {"": {"": {... {}}}}: 4 MiB of it, the bomb that froze the daemon
+    bomb = b"\x81\xa0" * (2 * MIB - 1) + b"\x80"
+    assert refused(bomb) == "message nests deeper than 100 levels (at byte 199)"
+
+
+def test_nested_empty_arrays_refused_at_the_depth_limit() -> None:
+    bomb = b"\x91" * (4 * MIB - 1) + b"\x90"
+    assert refused(bomb) == "message nests deeper than 100 levels (at byte 101)"
+
+
+def test_many_empty_maps_refused_by_count() -> None:
+    # one array of four million empty maps (each one byte)
+    n = 4 * MIB - 5
+    assert refused(b"\xdd" + struct.pack(">I", n) + b"\x80" * n) == (
+        f"an array of {n:,} items is over the limit of 50,000 (at byte 0)"
+    )
+    # arrays within their limit, but together too many values: stopped at the budget
+    chunk = b"\xdc" + struct.pack(">H", 50_000) + b"\x80" * 50_000
+    assert refused(b"\x93" + chunk * 3) == (
+        "message holds more than 100,000 values (at byte 100,007)"
+    )
+
+
+def test_a_16_mib_session_frame_of_empty_maps() -> None:
+    chunk = b"\xdc" + struct.pack(">H", 60_000) + b"\x80" * 60_000
+    frame = b"\xdd" + struct.pack(">I", 279) + chunk * 279
+    assert len(frame) > 16 * 1000 * 1000
+    assert refused(frame, TRIAL_SESSION) == (
+        "message holds more than 1,000,000 values (at byte 1,020,056)"
+    )
+
+
+def test_4_gib_length_prefixes() -> None:
+    assert refused(b"\xdb\xff\xff\xff\xff" + b"a" * 64) == (
+        "a string of 4,294,967,295 bytes is over the limit of 1,048,576 (at byte 0)"
+    )
+    assert refused(b"\xdd\xff\xff\xff\xff") == (
+        "an array of 4,294,967,295 items is over the limit of 50,000 (at byte 0)"
+    )
+    assert refused(b"\xdf\xff\xff\xff\xff") == (
+        "a map of 4,294,967,295 keys is over the limit of 50,000 (at byte 0)"
+    )
+
+
+def test_str_bin_ext_bombs() -> None:
+    # within the message size, over the per-value limit
+    assert refused(b"\xdb" + struct.pack(">I", 2 * MIB) + b"x" * (2 * MIB)) == (
+        "a string of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
+    )
+    assert refused(b"\xc6" + struct.pack(">I", 2 * MIB) + b"x" * (2 * MIB)) == (
+        "a binary of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
+    )
+    assert refused(b"\xc9\xff\xff\xff\xff\x01") == (
+        "an extension value of 4,294,967,295 bytes is over the limit of 0 (at byte 0)"
+    )
+    assert refused(b"\xd4\x01\x01") == (
+        "an extension value of 1 bytes is over the limit of 0 (at byte 0)"
+    )
+
+
+def test_deep_nest_of_100000_levels() -> None:
+    assert refused(b"\x91" * 100_000 + b"\xc0") == (
+        "message nests deeper than 100 levels (at byte 101)"
+    )
+    # exactly at the limit is fine
+    assert decode(b"\x91" * 99 + b"\x90", SPOOL_REQUEST) is not None
+
+
+def test_wide_map_of_a_million_keys() -> None:
+    body = b"".join(msgpack.packb(i) + b"\xc0" for i in range(1_000_000))
+    assert refused(b"\xdf" + struct.pack(">I", 1_000_000) + body, TRIAL_SESSION) == (
+        "a map of 1,000,000 keys is over the limit of 500,000 (at byte 0)"
+    )
+
+
+def test_size_truncation_and_garbage() -> None:
+    assert refused(b"\x80" * 5000, TRIAL_HELLO) == (
+        "message of 5,000 bytes is over the limit of 4,096"
+    )
+    assert refused(b"") == "empty message"
+    assert refused(b"\x92\x01") == (
+        "message is truncated: an array of 2 at byte 0 cannot fit in its 2 bytes"
+    )
+    assert refused(b"\xa5ab") == "message is truncated: its last value runs past its end (3 bytes)"
+    assert refused(b"\x92\x01\x01\x01") == "message has 1 bytes after its value (at byte 3)"
+    assert refused(b"\xc1") == "message is not msgpack (byte 0xc1 at 0)"
+    assert refused(b"\xa2\xff\xfe") == "message is not valid msgpack (UnicodeDecodeError)"
+    assert refused(b"\x81\x90\x01") == "message is not valid msgpack (TypeError)"
+
+
+def test_legitimate_messages_decode_as_msgpack_would() -> None:
+    values = [
+        {"t": "hello", "token": "x" * 64, "trial_id": 3, "run_id": 9, "rank": 0, "pid": 123},
+        {
+            "t": "metrics",
+            "reports": [
+                ["training", i, {"loss": 0.5 / (i + 1), "acc": i, "n": None}, 1.7e9, None]
+                for i in range(2000)
+            ],
+        },
+        {"op": "submit", "payload": {"config": {"a": [1, -1, 2**40, -(2**40), 1.5, True]}}},
+        {"b": b"\x00" * 300, "s": "é" * 40_000, "neg": -33, "big": 2**64 - 1, "f32": 0.0},
+        [[[]], {}, "", 0],
+    ]
+    for value in values:
+        data = msgpack.packb(value, use_bin_type=True)
+        assert decode(data, TRIAL_SESSION) == msgpack.unpackb(data, raw=False)
+    # scan's count: the array, its four items, the inner array and map
+    assert scan(msgpack.packb([[[]], {}, "", 0]), TRIAL_SESSION) == 6
+    # float32 is read as msgpack reads it
+    f32 = b"\xca" + struct.pack(">f", 1.5)
+    assert decode(f32, TRIAL_SESSION) == 1.5
