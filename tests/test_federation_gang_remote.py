@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import wait_for
-from fednet import Net, Node, cli_env
+from fednet import Net, Node, as_submitter, cli_env, reachable
 from test_federation_gang import (
     alive,
     checkpoints,
@@ -165,11 +165,12 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     script = 'echo "ran in $(pwd) on $(ip -o -4 addr show | grep -o 10.77.0.[0-9]*)"; exit 3'
     res = subprocess.run(
         [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", script],
-        cwd=work,
+        cwd=reachable(work),
         env=cli_env(n1.home),
         capture_output=True,
         text=True,
         timeout=60,
+        **as_submitter(),  # root's work never runs on a peer
     )
     assert res.returncode == 0, res.stderr
     job_id = int(res.stdout.split()[-1])
@@ -192,11 +193,12 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     # a long one, killed from its machine: it stops on the peer
     res = subprocess.run(
         [*CLI, "cmd", "run", "--anywhere", "--", "sleep", "300"],
-        cwd=work,
+        cwd=reachable(work),
         env=cli_env(n1.home),
         capture_output=True,
         text=True,
         timeout=60,
+        **as_submitter(),  # root's work never runs on a peer
     )
     assert res.returncode == 0, res.stderr
     job_id = int(res.stdout.split()[-1])

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import wait_for
-from fednet import Net, Node, cli, namespaces, sweep
+from fednet import Net, Node, cli, interpreter_reachable, namespaces, sweep
 from test_federation_gang import (
     db,
     exp_state,
@@ -152,17 +152,24 @@ def one_machine(tmp: Path, entrypoint: str, *, deepspeed: bool = False) -> dict[
     cfg, ctx = experiment(tmp, "one-machine", entrypoint, deepspeed=deepspeed)
     home = tmp / "home-one-machine"
     res = cli(
-        home, "run", str(cfg), str(ctx), timeout=300, DET_LOCAL_CPU_SLOTS="2", DET_LOCAL_MDNS="0"
+        home,
+        "run",
+        str(cfg),
+        str(ctx),
+        timeout=300,
+        user="root",  # one machine, embedded: no peer involved
+        DET_LOCAL_CPU_SLOTS="2",
+        DET_LOCAL_MDNS="0",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return weights(home, 1, deepspeed=deepspeed)
 
 
 @pytest.fixture
-def machines(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+def machines(tmp_path: Path, accounts: None) -> Iterator[tuple[Node, Node]]:
     """Two machines of one cluster, one CPU slot each: n1 (the owner here) and n2."""
     sweep()
-    with Net(tmp_path) as net:
+    with Net(tmp_path) as net, interpreter_reachable():
         yield two_nodes(net)
     assert not [ns for ns in namespaces() if ns.startswith(net.prefix)]
 

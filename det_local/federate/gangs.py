@@ -312,6 +312,7 @@ class Gangs:
                 "key": og.key,
                 "slots": og.per_node,
                 "user": job.user,
+                "uid": int(job.uid),  # as the owner's kernel gave it (the spool file's owner)
                 "priority": int(job.priority),
                 "name": job.name,
                 "hold_s": HOLD_S,
@@ -659,8 +660,7 @@ class Gangs:
             raise DetLocalError(
                 f"a share of {msg['slots']} slots is more than this machine's {total} [permanent]"
             )
-        if not self.fed.lend:
-            raise DetLocalError("this machine does not lend slots (federation.lend: false)")
+        self.fed.lending.check(node, msg["user"], msg.get("uid"))  # LendRefused: one line
         if command is not None:  # a command sent whole (`cmd run --anywhere`)
             self.view.check_gang_command(command, msg["user"])
         else:
