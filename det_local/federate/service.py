@@ -32,7 +32,7 @@ from det_local.federate.lending import LendPolicy, LendRefused, uid_range
 from det_local.federate.localsocket import ClusterSocket
 from det_local.federate.peers import SUSPECT_S, Link, Peer, Target, peer_state
 from det_local.federate.ratelog import RateLog
-from det_local.federate.settings import FederationSettings, load
+from det_local.federate.settings import NODE_ID_FILE, FederationSettings, load
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
     Me,
@@ -89,6 +89,7 @@ class Federation:
         self.lend_priority_offset = 0
         self.lending = LendPolicy("local", lend=False)
         self.admission = Admission()
+        self.collision = ""  # a node id another machine announces as well (mDNS)
         self.gossip = GossipFilter([], set())
         self.refusals = RateLog(self.view.log, REFUSAL_LOG_S)  # hostile input: one line a minute
 
@@ -145,6 +146,7 @@ class Federation:
                 return
             self.on = True
             self.why_off = ""
+            self.collision = ""
             self.lend = settings.lend
             self.lending = LendPolicy(
                 settings.node_id,
@@ -190,7 +192,16 @@ class Federation:
         try:
             await disc.start()
         except Exception as err:
-            self.view.log(f"federation: mDNS off: {type(err).__name__}: {err}")
+            if type(err).__name__ == "NonUniqueNameException":  # its message is empty
+                other = await disc.holder()
+                self.collision = collision_message(
+                    self.me.node, ", ".join(addrs), other, str(self.paths.home / NODE_ID_FILE)
+                )
+                self.view.log(f"federation: {self.collision}")
+            else:
+                self.view.log(f"federation: mDNS off: {type(err).__name__}: {err}")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(disc.stop(), 3.0)
             return
         self.discovery = disc
 
@@ -737,6 +748,8 @@ class Federation:
                     peer_state(p, time.monotonic()) == "alive" for p in self.peers.values()
                 ),
             )
+            if self.collision:
+                out["collision"] = self.collision
         else:
             out["why"] = self.why_off
         return out
@@ -760,6 +773,15 @@ class Federation:
 
         out += await asyncio.gather(*(one(p) for p in peers))
         return out
+
+
+def collision_message(node: str, mine: str, other: str, id_file: str) -> str:
+    return (
+        f"node id '{node}' is announced over mDNS by two machines: this one ({mine}) and "
+        f"{other}: a cloned machine or home? on one of them delete {id_file} (a new id is "
+        "made at the next start) or set federation.node_id / DET_LOCAL_NODE_ID; mDNS stays off "
+        "here until then"
+    )
 
 
 def _where(writer: asyncio.StreamWriter) -> str:

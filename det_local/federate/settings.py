@@ -3,7 +3,8 @@
 ```yaml
 federation:
   port: 47800            # TCP port of the peer link (DET_LOCAL_FED_PORT)
-  node_id: gpu1          # default: hostname plus 8 hex of /etc/machine-id (DET_LOCAL_NODE_ID)
+  node_id: gpu1          # default: made once per home and kept in <home>/node-id (hostname
+                         # plus 8 random hex); DET_LOCAL_NODE_ID wins
   mdns: true             # announce and browse with mDNS (DET_LOCAL_MDNS=0 turns it off)
   peers: ["10.0.0.5:47800", "gpu2.lab"]   # dialled as well (DET_LOCAL_PEERS=host:port,...)
   interfaces: [eth0]     # where mDNS runs; default: private IPv4 interfaces, no docker*,
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import ConfigError
-from det_local.federate.keys import default_node_id, valid_node_id
+from det_local.federate.keys import stored_node_id, valid_node_id
 
 DEFAULT_PORT = 47800
+NODE_ID_FILE = "node-id"  # in the home, next to daemon.yaml: made once (keys.stored_node_id)
 _KEYS = {
     "port",
     "node_id",
@@ -152,7 +154,11 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
     port = _port(raw.get("port", DEFAULT_PORT), f"federation.port in {source}")
     if env.get("DET_LOCAL_FED_PORT"):
         port = _port(env["DET_LOCAL_FED_PORT"], "DET_LOCAL_FED_PORT")
-    node = env.get("DET_LOCAL_NODE_ID") or raw.get("node_id") or default_node_id()
+    node = (
+        env.get("DET_LOCAL_NODE_ID")
+        or raw.get("node_id")
+        or stored_node_id(settings_path.with_name(NODE_ID_FILE))
+    )
     if not valid_node_id(node):
         raise ConfigError(
             f"node id {node!r} (federation.node_id / DET_LOCAL_NODE_ID): expected 1-63 letters, "
