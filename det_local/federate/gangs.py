@@ -118,6 +118,10 @@ class Gangs:
         self.owned: dict[str, OwnerGang] = {}
         self.members: dict[str, MemberGang] = {}
         self._contexts: Any = None
+        # shares whose ranks died with this daemon: owner node -> member_exit{lost} to send
+        # once its link is up; (gang, run) -> why, for its `share` question
+        self.lost_reports: dict[str, list[dict[str, Any]]] = {}
+        self.died: dict[tuple[str, int], str] = {}
 
     # ================================================================== helpers
     @property
@@ -496,6 +500,9 @@ class Gangs:
             self._failed(og)
             assert og.failed_at is not None
             verdict, node = failed_gang(og.failed_at, time.monotonic(), self._seen(og))
+            unconfirmed = [s for s in og.shares.values() if not s.confirmed and not s.exited]
+            if unconfirmed and time.monotonic() - og.failed_at < REATTACH_S:
+                verdict = Verdict.WAIT  # a machine came back: did its ranks survive?
             if verdict == Verdict.WAIT:
                 if og.timer is not None:
                     og.timer.cancel()
@@ -522,6 +529,12 @@ class Gangs:
             return
         share = og.shares[node]
         share.exited, share.code = True, msg["code"]
+        if msg.get("lost") and og.lost is None:  # its machine died (and may be back already)
+            og.lost = f"machine {node} was lost (its ranks died with it)"
+            self.view.log(f"federation: gang {og.gang} run {og.run}: {og.lost}")
+            if og.state != "ending":
+                self._lose(og, share, og.lost)
+                return
         if share.code != 0:
             self._failed(og)
         if og.state == "committed" and share.code != 0:
@@ -960,7 +973,22 @@ class Gangs:
     def recover(self) -> None:
         """After this daemon restarted: the gangs whose shares were found running (adopted by
         the engine, sched/gangs.py) are taken back. Each other node confirms its share once
-        its link is up (`share`); one not heard within REATTACH_S of the restart is lost."""
+        its link is up (`share`); one not heard within REATTACH_S of the restart is lost.
+        A share whose ranks died with this daemon is reported lost to its owner as soon as
+        their link is up (a machine that died and came back is a lost machine)."""
+        for spec in self.view.gangs.died_with_daemon.values():
+            owner, gang, run = str(spec.get("owner")), str(spec.get("gang")), spec.get("run")
+            if not isinstance(run, int) or not gang:
+                continue
+            why = f"machine {self.node} restarted and its ranks of gang {gang} were gone"
+            self.died[(gang, run)] = why
+            report = {"t": "member_exit", "gang": gang, "run": run, "code": -9, "lost": True}
+            self.lost_reports.setdefault(owner, []).append(report)
+            self.view.log(f"federation: {why}: reported lost to {owner}")
+        self.view.gangs.died_with_daemon.clear()
+        for owner in list(self.lost_reports):
+            if self._linked(owner):
+                self.peer_attached(owner)
         for job in self.view.active_jobs():
             spec = job.gang or {}
             if job.state != SCHEDULED or not self.view.gangs.claim(job.id):
@@ -1002,9 +1030,13 @@ class Gangs:
     def peer_attached(self, node: str) -> None:
         """A link to `node` is up (again): the committed shares it holds of gangs owned here
         are confirmed (it, or this daemon, may have restarted); frames held for it go."""
+        for report in self.lost_reports.pop(node, []):
+            if not self._send(node, report):
+                self.lost_reports.setdefault(node, []).append(report)
         for og in list(self.owned.values()):
             s = og.shares.get(node)
             if s is not None and og.state != "reserving" and not s.exited:
+                s.confirmed = False  # until it says it still runs (a restart may have lost it)
                 self.fed.spawn(self._confirm(og, s))
         for mg in list(self.members.values()):
             if mg.owner == node and mg.backlog:
@@ -1035,6 +1067,9 @@ class Gangs:
         mg = self.members.get(msg["gang"])
         if mg is not None and mg.owner == node and mg.run == msg["run"]:
             return {"state": "running"}
+        died = self.died.get((msg["gang"], msg["run"]))
+        if died is not None:
+            return {"state": "lost", "why": died}
         for job in self.view.member_jobs(msg["gang"], msg["run"]):
             if (job.gang or {}).get("owner") == node and job.state not in (QUEUED, RESERVED):
                 if job.state == SCHEDULED:

@@ -112,6 +112,9 @@ class GangShares:
         self.stay_until: dict[int, float] = {}  # job id -> not offered to peers before (monotonic)
         # shares found running after a restart, until the placer takes them back (job ids)
         self.adopted: set[int] = set()
+        # MEMBER shares whose ranks died with this daemon (found gone at its restart): job id
+        # -> its gang spec; the placer reports each lost to its owner at once
+        self.died_with_daemon: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ owner side
     def fit(self, slots: int) -> GangFit | None:
