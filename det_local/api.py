@@ -408,7 +408,7 @@ def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
 def jobs_json(*, include_done: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
     """`job list --json`: each job with its place in the queue ("position", from 1)."""
     jobs = queue(include_done=include_done, limit=limit)
-    return [{**j.to_json(), "position": i + 1} for i, j in enumerate(jobs)]
+    return [{**j.to_json(), "position": i + 1, "ran_on": ran_on(j)} for i, j in enumerate(jobs)]
 
 
 def slots_json() -> list[dict[str, Any]]:
@@ -648,8 +648,16 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
         d = j.to_json()
         d["argv"] = hide_secrets(j.argv)
         d["link"] = address(j.kind, j.argv) if j.state == "SCHEDULED" else None
+        d["ran_on"] = ran_on(j)
         out.append(d)
     return out
+
+
+def ran_on(job: Any) -> str | None:
+    """The peer a job was sent to whole (`--anywhere`, `resources.federate`): its output and
+    exit status are what that machine reported. None for a job run here."""
+    peer = (job.gang or {}).get("anywhere") if isinstance(job.gang, dict) else None
+    return str(peer) if peer else None
 
 
 def cluster_view() -> dict[str, Any]:

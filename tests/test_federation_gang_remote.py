@@ -187,6 +187,12 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     assert code == 3 and message is not None and "on n2" in message, (code, message)
     logs = n1.cli("cmd", "logs", str(job_id))
     assert f"ran in {work} on 10.77.0.2" in logs.stdout, logs.stdout + logs.stderr
+    # its output and exit status came from n2, and the lists say so
+    listed = n1.cli("cmd", "list", "--all").stdout
+    assert "3 (from n2)" in listed, listed
+    assert "DONE (on n2)" in n1.cli("job", "list", "--all").stdout
+    rows = json.loads(n1.cli("cmd", "list", "--all", "--json").stdout)
+    assert [r["ran_on"] for r in rows if r["id"] == job_id] == ["n2"]
     with db(n2) as conn:
         rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
     assert rows == [("MEMBER", "DONE", 3)], rows
@@ -229,3 +235,56 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_relayed_log_flood_is_cut_where_the_owner_says(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A peer writing 8 MB of output into a command's log (here an honest one running a loud
+    command; a hostile one sends the same frames): the owner keeps federation.max_log_mb (1)
+    and one line saying where it was cut."""
+    from det_local.federate import keys
+
+    key = keys.new_key()
+    n1 = net.node(1, key)
+    (n1.home / "daemon.yaml").write_text("federation:\n  max_log_mb: 1\n")
+    n1.start(DET_LOCAL_MDNS="0")
+    n2 = net.node(2, key).start(DET_LOCAL_MDNS="0", DET_LOCAL_PEERS="10.77.0.1:47800")
+    wait_for(
+        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
+        timeout=30,
+        what="a 2-node cluster",
+    )
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120").returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    # 8 MB over ~4 s (a member relays what its ranks write as they write it)
+    flood = (
+        "for i in $(seq 1 40); do head -c 200000 /dev/zero | tr '\\0' x | fold -w 999; "
+        "sleep 0.1; done; echo done"
+    )
+    res = subprocess.run(
+        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", flood],
+        cwd=reachable(work),
+        env=cli_env(n1.home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **as_submitter(),
+    )
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+
+    def state() -> str:
+        with db(n1) as conn:
+            return str(conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
+    wait_for(lambda: state() == "DONE", timeout=120, what="the loud command to end")
+    logs = n1.cli("cmd", "logs", str(job_id)).stdout
+    assert len(logs.encode()) <= 1024 * 1024 + 300, len(logs)
+    assert logs.rstrip().endswith(
+        "[det-local: the log relayed from n2 was cut here, after 1 MiB (federation.max_log_mb "
+        "on n1); the rest of its output is not kept]"
+    ), logs[-400:]
+    assert f"federation: job {job_id}: the log relayed from n2 was cut at 1 MiB" in n1.log_text()

@@ -93,7 +93,7 @@ def list_commands(
         [
             j.id,
             j.state,
-            j.exit_code if j.exit_code is not None else "",
+            _exit(j.exit_code, api.ran_on(j)),
             j.slots_needed,
             j.user,
             fmt_time(j.started_at),
@@ -104,6 +104,12 @@ def list_commands(
     ]
     headers = ["ID", "State", "Exit", "Slots", "User", "Started", "Ended", "Command"]
     print(table(headers, rows, flex=("User", "Command"), optional=("Ended", "Started")))
+
+
+def _exit(code: int | None, peer: str | None) -> str:
+    """The exit column; a status a peer reported says so (its output came from there too)."""
+    text = "" if code is None else str(code)
+    return f"{text} (from {peer})".strip() if peer else text
 
 
 @app.command("logs")

@@ -91,6 +91,7 @@ class OwnerGang:
     # since when its members have been this daemon's to watch (a restart starts it again)
     since: float = field(default_factory=time.monotonic)
     command: bool = False  # that job is a command (`cmd run --anywhere`), not a trial
+    log_bytes: int = 0  # log bytes its members relayed (capped: federation.max_log_mb)
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Gangs:
         self.owned: dict[str, OwnerGang] = {}
         self.members: dict[str, MemberGang] = {}
         self._contexts: Any = None
+        self._shipments: Any = None
         # shares whose ranks died with this daemon: owner node -> member_exit{lost} to send
         # once its link is up; (gang, run) -> why, for its `share` question
         self.lost_reports: dict[str, list[dict[str, Any]]] = {}
@@ -166,6 +168,29 @@ class Gangs:
             fed.mkdir(mode=0o755, exist_ok=True)  # the ranks (any user) reach their context
             self._contexts = ContextCache(fed / "contexts")
         return self._contexts
+
+    def shipments(self) -> Any:
+        """Who may ship which context here, and the caps on what stays (shipments.py)."""
+        if self._shipments is None:
+            from det_local.federate.shipments import Shipments
+
+            s = self.fed.settings
+            mb = 1024 * 1024
+            self._shipments = Shipments(
+                self.contexts(),
+                (s.contexts_max_mb if s is not None else 2048) * mb,
+                (s.contexts_peer_mb if s is not None else 1024) * mb,
+                self._digests_in_use,
+                self.view.log,
+            )
+        return self._shipments
+
+    def _digests_in_use(self) -> set[str]:
+        return {
+            str(j.gang["digest"])
+            for j in self.view.active_jobs()
+            if j.gang is not None and j.gang.get("digest")
+        }
 
     # ================================================================== fit (Placer.fit)
     def fit(self, slots: int) -> GangFit:
@@ -338,9 +363,9 @@ class Gangs:
         self._maybe_commit(og)
 
     async def _reserve(self, og: OwnerGang, node: str, packed: Any, msg: dict[str, Any]) -> None:
-        if packed is not None and not await self._request(
-            node, {"t": "has", "digest": packed.digest}
-        ):
+        # the peer checks the reserve first (who, what); a context it lacks it then asks for,
+        # and accepts from this node only (federate/shipments.py)
+        if await self._request(node, msg) == "context" and packed is not None:
             from det_local.federate.blobs import send_context
 
             async def send(m: dict[str, Any]) -> None:
@@ -353,7 +378,8 @@ class Gangs:
                     await peer.link.session.send(m)
 
             await send_context(send, packed)
-        await self._request(node, msg)
+            if await self._request(node, msg) != "queued":
+                raise DetLocalError(f"{node} did not queue the share after its context came")
 
     def _retry_later(self, job_id: int, after: float = 2.0) -> None:
         def again() -> None:
@@ -614,10 +640,30 @@ class Gangs:
         og = self.owned.get(msg["gang"])
         if og is None or og.run != msg["run"] or node not in og.shares:
             return
+        data: bytes = msg["data"]
+        cap = self.max_log_bytes()
+        if og.log_bytes >= cap:
+            return  # cut already (the line below says where)
+        if og.log_bytes + len(data) > cap:
+            data = data[: cap - og.log_bytes]
+            data += (
+                f"\n[det-local: the log relayed from {node} was cut here, after "
+                f"{cap // (1024 * 1024)} MiB (federation.max_log_mb on {self.node}); the rest "
+                "of its output is not kept]\n"
+            ).encode()
+            self.view.log(
+                f"federation: job {og.job_id}: the log relayed from {node} was cut at "
+                f"{cap // (1024 * 1024)} MiB (federation.max_log_mb)"
+            )
+        og.log_bytes += len(msg["data"])
         if og.command:
-            self.view.append_command_log(og.job_id, msg["data"])
+            self.view.append_command_log(og.job_id, data)
         else:
-            self.view.append_trial_log(og.experiment_id, og.trial_id, msg["data"])
+            self.view.append_trial_log(og.experiment_id, og.trial_id, data)
+
+    def max_log_bytes(self) -> int:
+        s = self.fed.settings
+        return (s.max_log_mb if s is not None else 64) * 1024 * 1024
 
     def down(self, run: TrialRun, frame: dict[str, Any]) -> None:
         og = self._owned_by_trial(run.trial_id, run.run_id)
@@ -659,8 +705,10 @@ class Gangs:
     def on_has(self, msg: dict[str, Any]) -> bool:
         return self.contexts().has(msg["digest"]) is not None
 
-    def on_blob(self, msg: dict[str, Any]) -> None:
-        self.contexts().receive(msg["digest"], msg["off"], msg["total"], msg["data"], msg["last"])
+    def on_blob(self, node: str, msg: dict[str, Any]) -> None:
+        self.shipments().receive(
+            node, msg["digest"], msg["off"], msg["total"], msg["data"], msg["last"]
+        )
 
     def on_reserve(self, node: str, msg: dict[str, Any]) -> str:
         gang, run = msg["gang"], msg["run"]
@@ -677,11 +725,10 @@ class Gangs:
         if command is not None:  # a command sent whole (`cmd run --anywhere`)
             self.view.check_gang_command(command, msg["user"])
         else:
-            if self.contexts().has(spec["digest"]) is None:
-                raise DetLocalError(
-                    f"context {spec['digest'][:12]} is not here: send it first (blob) [permanent]"
-                )
             self.view.check_gang_config(spec["config"], msg["user"])
+            if self.shipments().has(spec["digest"]) is None:
+                self.shipments().expect(node, spec["digest"])
+                return "context"  # ship it (accepted from this peer only), then reserve again
         old = self.members.get(gang)
         if old is not None:
             if run < old.run:
@@ -747,7 +794,7 @@ class Gangs:
         spec = job.gang or {}
         context = None
         if "command" not in spec:
-            context = self.contexts().has(spec.get("digest", ""))
+            context = self.shipments().has(spec.get("digest", ""))
             if context is None:
                 raise DetLocalError(f"gang {mg.gang}: its context is no longer here")
         addrs = list(msg["addrs"])

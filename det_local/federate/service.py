@@ -26,6 +26,7 @@ from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.admission import FIRST_FRAME_S, Admission, GossipFilter
+from det_local.federate.blobs import BlobError
 from det_local.federate.gangs import Gangs
 from det_local.federate.keys import KeyError_, read_key
 from det_local.federate.lending import LendPolicy, LendRefused, uid_range
@@ -553,7 +554,7 @@ class Federation:
                 self._spawn(self._last_blob(link, msg))
                 return
             elif kind == "blob":
-                g.on_blob(msg)
+                g.on_blob(node, msg)
             elif kind == "reserve":
                 value = g.on_reserve(node, msg)
             elif kind == "ready":
@@ -582,6 +583,8 @@ class Federation:
             line = f"federation: refused {kind} from {node}: {err}"
             if isinstance(err, LendRefused):  # a peer can ask again and again
                 self.refusals.say(f"lend|{node}|{msg.get('user')!s:.40}", line)
+            elif isinstance(err, BlobError):  # a chunk flood is one line a minute
+                self.refusals.say(f"blob|{node}|{err.code}", line)
             else:
                 self.view.log(line)
             if rid is not None:
@@ -599,10 +602,14 @@ class Federation:
     async def _last_blob(self, link: Link, msg: dict[str, Any]) -> None:
         reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.gangs.on_blob, msg)
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.gangs.on_blob, link.node, msg
+            )
             reply["value"] = True
         except DetLocalError as err:
-            self.view.log(f"federation: refused a context from {link.node}: {err}")
+            self.refusals.say(
+                f"blob|{link.node}|last", f"federation: refused a context from {link.node}: {err}"
+            )
             reply["error"] = str(err)[:1000]
         if "id" in msg:
             with contextlib.suppress(Exception):

@@ -309,7 +309,11 @@ class GangShares:
         elif lost is not None:
             status, message = None, f"command {job_id} on {where}: {lost}; it is not run again"
         else:
-            status, message = code, f"command {job_id} {describe_exit(code)} on {where}"
+            status, message = (
+                code,
+                f"command {job_id} {describe_exit(code)} on {where} (its output and exit status "
+                f"as machine {where} reported them)",
+            )
         engine.store.jobs.finish(job_id, status, message)
         engine.queue.schedule()
 
