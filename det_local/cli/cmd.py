@@ -25,8 +25,10 @@ def run(
     anywhere: bool = typer.Option(
         False,
         "--anywhere",
-        help="It may run on an idle machine of the cluster when this one is full (its "
-        "working directory must be there too; it gets a clean environment there).",
+        help="It may run on an idle machine of the cluster when this one is full: its command "
+        "line (arguments included: no secrets in them) and working directory travel to that "
+        "machine, which runs it with a clean environment and reports its output and exit "
+        "status (`cmd list` says from where).",
     ),
 ) -> None:
     """Queue a command: `det-local cmd run --slots 1 -- python3 eval.py --fast`.
