@@ -288,3 +288,36 @@ def test_a_relayed_log_flood_is_cut_where_the_owner_says(
         "on n1); the rest of its output is not kept]"
     ), logs[-400:]
     assert f"federation: job {job_id}: the log relayed from n2 was cut at 1 MiB" in n1.log_text()
+
+
+def test_roots_work_is_refused_by_the_lender_with_one_line_on_each_side(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """root's `cmd run --anywhere` while this machine is full: the peer refuses it (root never
+    runs a peer's work); the owner's line names the user, the machine and what would allow it,
+    and the job waits here again; the lender logs one line however often it is asked."""
+    n1, n2 = two_nodes(net)
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120", user="root").returncode == 0
+    res = n1.cli("cmd", "run", "--anywhere", "--", "id", "-u", user="root")
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+    want = (
+        "n2 does not run work of uid 0 (root, as 'root') from n1: root never runs work from "
+        "other machines; submit as an ordinary user"
+    )
+    wait_for(lambda: want in n1.log_text(), timeout=60, what="the owner's line")
+    line = next(x for x in n1.log_text().splitlines() if want in x)
+    assert f"command {job_id}" in line or "waits here again" in line, line
+    with db(n1) as conn:
+        state = conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+    assert state == "QUEUED"  # waits here, in its place
+    wait_for(
+        lambda: (
+            "federation: refused reserve from n1: n2 does not run work of uid 0" in n2.log_text()
+        ),
+        timeout=30,
+        what="the lender's line",
+    )
+    with db(n2) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
