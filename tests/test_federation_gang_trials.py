@@ -73,6 +73,7 @@ def experiment(
         metric = "validation_loss"
     shared = tmp / "shared"
     shared.mkdir(exist_ok=True)
+    shared.chmod(0o777)  # the ranks run as the submitting account (never root across machines)
     cfg: dict[str, Any] = {
         "name": name,
         "entrypoint": entrypoint,
@@ -165,6 +166,14 @@ def one_machine(tmp: Path, entrypoint: str, *, deepspeed: bool = False) -> dict[
     return weights(home, 1, deepspeed=deepspeed)
 
 
+def writable(tmp: Path) -> Path:
+    """Where the ranks (the submitting account, not root) write what the tests read."""
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o1777)
+    return out
+
+
 @pytest.fixture
 def machines(tmp_path: Path, accounts: None) -> Iterator[tuple[Node, Node]]:
     """Two machines of one cluster, one CPU slot each: n1 (the owner here) and n2."""
@@ -205,7 +214,7 @@ def test_pytorch_trial_across_two_machines_learns_what_one_machine_learns(
 ) -> None:
     n1, n2 = machines
     for name, entrypoint in (("legacy", LEGACY), ("trainer", TRAINER)):
-        record = tmp_path / f"{name}.jsonl"
+        record = writable(tmp_path) / f"{name}.jsonl"
         exp_id = submit(n1, *experiment(tmp_path, name, entrypoint, record=str(record)))
         assert wait_end(n1, n2, exp_id, timeout=120) == "COMPLETED", trial_log(n1, exp_id)
         rows = records(record)
@@ -228,7 +237,7 @@ def test_pytorch_trial_pauses_and_resumes_across_two_machines(
     entrypoint: str,
 ) -> None:
     n1, n2 = machines
-    record, marker = tmp_path / "paused.jsonl", tmp_path / "holding"
+    record, marker = writable(tmp_path) / "paused.jsonl", writable(tmp_path) / "holding"
     cfg, ctx = experiment(
         tmp_path,
         "paused",
@@ -278,7 +287,7 @@ def test_deepspeed_trial_across_two_machines_learns_what_one_machine_learns(
 ) -> None:
     n1, n2 = machines
     reference = one_machine(tmp_path / "reference", DS_LEGACY, deepspeed=True)
-    record = tmp_path / "ds.jsonl"
+    record = writable(tmp_path) / "ds.jsonl"
     cfg, ctx = experiment(tmp_path, "ds", DS_LEGACY, deepspeed=True, record=str(record))
     exp_id = submit(n1, cfg, ctx)
     assert wait_end(n1, n2, exp_id, timeout=150) == "COMPLETED", trial_log(n1, exp_id)
