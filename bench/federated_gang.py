@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from fednet import Net, Node, cli, sweep  # noqa: E402
+from fednet import Net, Node, cli, submitter_account, sweep  # noqa: E402
 
 from det_local.federate import keys  # noqa: E402
 
@@ -557,7 +557,7 @@ def main() -> None:
     sweep()
     result: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, submitter_account():
         root = Path(tmp)
         root.chmod(0o755)
 

@@ -465,7 +465,10 @@ def jobs_json(*, include_done: bool = False, limit: int | None = None) -> list[d
     """`job list --json`: each job with its place in the queue ("position", from 1)."""
     jobs = queue(include_done=include_done, limit=limit)
     where = job_pools(jobs)
-    return [{**j.to_json(), "position": i + 1, "pool": where[j.id]} for i, j in enumerate(jobs)]
+    return [
+        {**j.to_json(), "position": i + 1, "pool": where[j.id], "ran_on": ran_on(j)}
+        for i, j in enumerate(jobs)
+    ]
 
 
 def job_pools(jobs: list[Any]) -> dict[int, str]:
@@ -750,6 +753,7 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
         d = j.to_json()
         d["argv"] = hide_secrets(j.argv)
         d["link"] = address(j.kind, j.argv) if j.state == "SCHEDULED" else None
+        d["ran_on"] = ran_on(j)
         out.append(d)
     return out
 
@@ -761,6 +765,13 @@ def ended_commands() -> int:
     return sum(1 for j in jobs.list(include_done=True) if j.kind != "TRIAL") - sum(
         1 for j in jobs.list() if j.kind != "TRIAL"
     )
+
+
+def ran_on(job: Any) -> str | None:
+    """The peer a job was sent to whole (`--anywhere`, `resources.federate`): its output and
+    exit status are what that machine reported. None for a job run here."""
+    peer = (job.gang or {}).get("anywhere") if isinstance(job.gang, dict) else None
+    return str(peer) if peer else None
 
 
 def cluster_view() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, wait_for
+from conftest import REPO, A, wait_for
 
 PREFIX = "dlf"
 SUBNET = "10.77.0"
@@ -50,6 +50,25 @@ def sweep() -> None:
         ip("netns", "del", ns, check=False)
 
 
+def reachable(path: Path) -> Path:
+    """Let every user traverse `path` and the directories above it (o+x, not o+r): work a
+    peer lends runs as an ordinary account, never root, and must reach its directory."""
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode & 0o7777
+        if not mode & 0o001:
+            p.chmod(mode | 0o001)
+    return path
+
+
+def readable(path: Path) -> None:
+    """o+r on a file, o+rx on a tree (a config and a context the submitter reads)."""
+    for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode & 0o7777
+        p.chmod(mode | (0o005 if p.is_dir() else 0o004))
+
+
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -66,16 +85,117 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+SUBMITS = (("run",), ("experiment", "create"), ("cmd", "run"))
+
+
+def submitter() -> str | None:
+    """The ordinary account work is submitted as (`conftest.accounts` creates it): a lending
+    machine never runs root's work from a peer. None when it does not exist."""
+    import pwd
+
+    try:
+        pwd.getpwnam(A)
+    except KeyError:
+        return None
+    return A
+
+
+def as_submitter() -> dict[str, Any]:
+    """subprocess arguments that run a command as `submitter()` (its group, no others)."""
+    import pwd
+
+    user = submitter()
+    assert user is not None, "no submitting account: use the `accounts` fixture"
+    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+
+
+@contextlib.contextmanager
+def interpreter_reachable() -> Any:
+    """Ordinary accounts run this interpreter (their ranks, their CLI): o+x on the directories
+    above it (a venv linked into a 0700 /root, as on the test machines), put back when the
+    last user of it (across processes: a count under a lock in /tmp) is done."""
+    import fcntl
+    import json as _json
+
+    lock = Path("/tmp/det-local-interpreter-reachable.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.read(fd, 65536)
+        state = _json.loads(raw) if raw else {"count": 0, "modes": {}}
+        if state["count"] == 0:
+            state["modes"] = {}
+            for p in Path(os.path.realpath(sys.executable)).parents:
+                mode = p.stat().st_mode & 0o7777
+                if not mode & 0o001:
+                    state["modes"][str(p)] = mode
+                    p.chmod(mode | 0o001)
+        state["count"] += 1
+        os.lseek(fd, 0, 0)
+        os.ftruncate(fd, 0)
+        os.write(fd, _json.dumps(state).encode())
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.lseek(fd, 0, 0)
+        raw = os.read(fd, 65536)
+        state = _json.loads(raw) if raw else {"count": 1, "modes": {}}
+        state["count"] = max(0, state["count"] - 1)
+        if state["count"] == 0:
+            for name, mode in state["modes"].items():
+                with contextlib.suppress(OSError):
+                    Path(name).chmod(mode)
+            state["modes"] = {}
+        os.lseek(fd, 0, 0)
+        os.ftruncate(fd, 0)
+        os.write(fd, _json.dumps(state).encode())
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def submitter_account() -> Any:
+    """For the benches (no pytest fixtures): the submitting account for the run's length."""
+    made = submitter() is None
+    if made:
+        subprocess.run(
+            ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", A], check=True, capture_output=True
+        )
+    try:
+        with interpreter_reachable():
+            yield A
+    finally:
+        if made:
+            subprocess.run(["userdel", "-f", A], capture_output=True)
+
+
 def cli(
-    home: Path, *args: str, timeout: float = 60.0, **env: str
+    home: Path, *args: str, timeout: float = 60.0, user: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """The det-local CLI (in the root namespace: it speaks to its daemon over a unix socket)."""
+    """The det-local CLI (in the root namespace: it speaks to its daemon over a unix socket).
+    A submission (`run`, `experiment create`, `cmd run`) runs as `submitter()` unless `user`
+    says otherwise ("root": as root); the home and every path argument are made reachable."""
+    if user is None and any(tuple(args[: len(s)]) == s for s in SUBMITS) and os.geteuid() == 0:
+        user = submitter()
+    if user == "root":
+        user = None
+    ids: dict[str, Any] = {}
+    if user is not None:
+        import pwd
+
+        reachable(home)
+        for arg in args:
+            if arg.startswith("/") and Path(arg).exists():
+                readable(reachable(Path(arg)))
+        ids = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
     return subprocess.run(
         [sys.executable, "-m", "det_local.cli.main", *args],
         env=cli_env(home, **env),
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd="/" if user is not None else None,
+        **ids,
     )
 
 
@@ -162,8 +282,10 @@ class Node:
                 self.proc.wait(5)
         (self.home / "run" / "daemon.pid").unlink(missing_ok=True)
 
-    def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        return cli(self.home, *args, timeout=timeout)
+    def cli(
+        self, *args: str, timeout: float = 60.0, user: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return cli(self.home, *args, timeout=timeout, user=user)
 
     def peers(self) -> dict[str, dict[str, Any]]:
         res = self.cli("cluster", "peers", "--json", timeout=30)

@@ -198,7 +198,9 @@ def test_cluster_page_of_a_two_node_federation(open_root: Path) -> None:
             return r.stdout if r.returncode == 0 else ""
 
         wait_for(lambda: fetch("/api/peers"), timeout=30, what="node 1's dashboard")
-        r = n1.cli("cmd", "run", "--slots", "1", "--name", "on-n1", "--", "sleep", "60")
+        r = n1.cli(
+            "cmd", "run", "--slots", "1", "--name", "on-n1", "--", "sleep", "60", user="root"
+        )
         assert r.returncode == 0, r
         job = int(r.stdout.split()[2])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from fednet import Net, Node, namespaces, sweep
+from fednet import Net, Node, interpreter_reachable, namespaces, sweep
 
 from det_local.federate import keys
 
@@ -73,9 +73,10 @@ with det.core.init(distributed=distributed) as ctx:
 
 
 @pytest.fixture
-def net(tmp_path: Path) -> Iterator[Net]:
+def net(tmp_path: Path, accounts: None) -> Iterator[Net]:
+    """Namespaced machines; work is submitted as an ordinary account (`fednet.submitter`)."""
     sweep()
-    with Net(tmp_path) as n:
+    with Net(tmp_path) as n, interpreter_reachable():
         yield n
     assert not [ns for ns in namespaces() if ns.startswith(n.prefix)]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import gone, wait_for
-from fednet import Net, Node, namespaces, sweep
+from fednet import Net, Node, interpreter_reachable, namespaces, sweep
 from test_federation_gang import (
     checkpoints,
     db,
@@ -85,9 +85,10 @@ __all__ = ["pytestmark"]
 
 
 @pytest.fixture
-def net(tmp_path: Path) -> Iterator[Net]:
+def net(tmp_path: Path, accounts: None) -> Iterator[Net]:
+    """Namespaced machines; work is submitted as an ordinary account (`fednet.submitter`)."""
     sweep()
-    with Net(tmp_path) as n:
+    with Net(tmp_path) as n, interpreter_reachable():
         yield n
     assert not [ns for ns in namespaces() if ns.startswith(n.prefix)]
 
@@ -279,7 +280,9 @@ def test_a_more_important_job_on_the_member_preempts_the_whole_gang_by_checkpoin
     wait_for(lambda: checkpoints(n1, exp_id) >= 2, timeout=90, what="two checkpoints")
     ranks = rank_pids(n1) + rank_pids(n2)
     marker = tmp_path / "local-job-ran"
-    res = n2.cli("cmd", "run", "--priority", "10", "--", "sh", "-c", f"touch {marker}; sleep 4")
+    res = n2.cli(
+        "cmd", "run", "--priority", "10", "--", "sh", "-c", f"touch {marker}; sleep 4", user="root"
+    )
     assert res.returncode == 0, res.stderr
     t0 = time.monotonic()
     wait_for(lambda: all(gone(p) for p in ranks), timeout=40, what="every rank to stop")

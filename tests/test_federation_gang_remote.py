@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import wait_for
-from fednet import Net, Node, cli_env
+from fednet import Net, Node, as_submitter, cli_env, reachable
 from test_federation_gang import (
     alive,
     checkpoints,
@@ -165,11 +165,12 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     script = 'echo "ran in $(pwd) on $(ip -o -4 addr show | grep -o 10.77.0.[0-9]*)"; exit 3'
     res = subprocess.run(
         [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", script],
-        cwd=work,
+        cwd=reachable(work),
         env=cli_env(n1.home),
         capture_output=True,
         text=True,
         timeout=60,
+        **as_submitter(),  # root's work never runs on a peer
     )
     assert res.returncode == 0, res.stderr
     job_id = int(res.stdout.split()[-1])
@@ -186,17 +187,24 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     assert code == 3 and message is not None and "on n2" in message, (code, message)
     logs = n1.cli("cmd", "logs", str(job_id))
     assert f"ran in {work} on 10.77.0.2" in logs.stdout, logs.stdout + logs.stderr
+    # its output and exit status came from n2, and the lists say so
+    listed = n1.cli("cmd", "list", "--all").stdout
+    assert "3 (from n2)" in listed, listed
+    assert "DONE (on n2)" in n1.cli("job", "list", "--all").stdout
+    rows = json.loads(n1.cli("cmd", "list", "--all", "--json").stdout)
+    assert [r["ran_on"] for r in rows if r["id"] == job_id] == ["n2"]
     with db(n2) as conn:
         rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
     assert rows == [("MEMBER", "DONE", 3)], rows
     # a long one, killed from its machine: it stops on the peer
     res = subprocess.run(
         [*CLI, "cmd", "run", "--anywhere", "--", "sleep", "300"],
-        cwd=work,
+        cwd=reachable(work),
         env=cli_env(n1.home),
         capture_output=True,
         text=True,
         timeout=60,
+        **as_submitter(),  # root's work never runs on a peer
     )
     assert res.returncode == 0, res.stderr
     job_id = int(res.stdout.split()[-1])
@@ -227,3 +235,89 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_relayed_log_flood_is_cut_where_the_owner_says(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A peer writing 8 MB of output into a command's log (here an honest one running a loud
+    command; a hostile one sends the same frames): the owner keeps federation.max_log_mb (1)
+    and one line saying where it was cut."""
+    from det_local.federate import keys
+
+    key = keys.new_key()
+    n1 = net.node(1, key)
+    (n1.home / "daemon.yaml").write_text("federation:\n  max_log_mb: 1\n")
+    n1.start(DET_LOCAL_MDNS="0")
+    n2 = net.node(2, key).start(DET_LOCAL_MDNS="0", DET_LOCAL_PEERS="10.77.0.1:47800")
+    wait_for(
+        lambda: n1.states().get("n2") == "alive" and n2.states().get("n1") == "alive",
+        timeout=30,
+        what="a 2-node cluster",
+    )
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120").returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    # 8 MB over ~4 s (a member relays what its ranks write as they write it)
+    flood = (
+        "for i in $(seq 1 40); do head -c 200000 /dev/zero | tr '\\0' x | fold -w 999; "
+        "sleep 0.1; done; echo done"
+    )
+    res = subprocess.run(
+        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", flood],
+        cwd=reachable(work),
+        env=cli_env(n1.home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **as_submitter(),
+    )
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+
+    def state() -> str:
+        with db(n1) as conn:
+            return str(conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()[0])
+
+    wait_for(lambda: state() == "DONE", timeout=120, what="the loud command to end")
+    logs = n1.cli("cmd", "logs", str(job_id)).stdout
+    assert len(logs.encode()) <= 1024 * 1024 + 300, len(logs)
+    assert logs.rstrip().endswith(
+        "[det-local: the log relayed from n2 was cut here, after 1 MiB (federation.max_log_mb "
+        "on n1); the rest of its output is not kept]"
+    ), logs[-400:]
+    assert f"federation: job {job_id}: the log relayed from n2 was cut at 1 MiB" in n1.log_text()
+
+
+def test_roots_work_is_refused_by_the_lender_with_one_line_on_each_side(
+    net: Net,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """root's `cmd run --anywhere` while this machine is full: the peer refuses it (root never
+    runs a peer's work); the owner's line names the user, the machine and what would allow it,
+    and the job waits here again; the lender logs one line however often it is asked."""
+    n1, n2 = two_nodes(net)
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120", user="root").returncode == 0
+    res = n1.cli("cmd", "run", "--anywhere", "--", "id", "-u", user="root")
+    assert res.returncode == 0, res.stderr
+    job_id = int(res.stdout.split()[-1])
+    want = (
+        "n2 does not run work of uid 0 (root, as 'root') from n1: root never runs work from "
+        "other machines; submit as an ordinary user"
+    )
+    wait_for(lambda: want in n1.log_text(), timeout=60, what="the owner's line")
+    line = next(x for x in n1.log_text().splitlines() if want in x)
+    assert f"command {job_id}" in line or "waits here again" in line, line
+    with db(n1) as conn:
+        state = conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
+    assert state == "QUEUED"  # waits here, in its place
+    wait_for(
+        lambda: (
+            "federation: refused reserve from n1: n2 does not run work of uid 0" in n2.log_text()
+        ),
+        timeout=30,
+        what="the lender's line",
+    )
+    with db(n2) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import wait_for
-from fednet import Net, Node, cli, namespaces, sweep
+from fednet import Net, Node, cli, interpreter_reachable, namespaces, sweep
 from test_federation_gang import (
     db,
     exp_state,
@@ -73,6 +73,7 @@ def experiment(
         metric = "validation_loss"
     shared = tmp / "shared"
     shared.mkdir(exist_ok=True)
+    shared.chmod(0o777)  # the ranks run as the submitting account (never root across machines)
     cfg: dict[str, Any] = {
         "name": name,
         "entrypoint": entrypoint,
@@ -152,17 +153,32 @@ def one_machine(tmp: Path, entrypoint: str, *, deepspeed: bool = False) -> dict[
     cfg, ctx = experiment(tmp, "one-machine", entrypoint, deepspeed=deepspeed)
     home = tmp / "home-one-machine"
     res = cli(
-        home, "run", str(cfg), str(ctx), timeout=300, DET_LOCAL_CPU_SLOTS="2", DET_LOCAL_MDNS="0"
+        home,
+        "run",
+        str(cfg),
+        str(ctx),
+        timeout=300,
+        user="root",  # one machine, embedded: no peer involved
+        DET_LOCAL_CPU_SLOTS="2",
+        DET_LOCAL_MDNS="0",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return weights(home, 1, deepspeed=deepspeed)
 
 
+def writable(tmp: Path) -> Path:
+    """Where the ranks (the submitting account, not root) write what the tests read."""
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o1777)
+    return out
+
+
 @pytest.fixture
-def machines(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+def machines(tmp_path: Path, accounts: None) -> Iterator[tuple[Node, Node]]:
     """Two machines of one cluster, one CPU slot each: n1 (the owner here) and n2."""
     sweep()
-    with Net(tmp_path) as net:
+    with Net(tmp_path) as net, interpreter_reachable():
         yield two_nodes(net)
     assert not [ns for ns in namespaces() if ns.startswith(net.prefix)]
 
@@ -198,7 +214,7 @@ def test_pytorch_trial_across_two_machines_learns_what_one_machine_learns(
 ) -> None:
     n1, n2 = machines
     for name, entrypoint in (("legacy", LEGACY), ("trainer", TRAINER)):
-        record = tmp_path / f"{name}.jsonl"
+        record = writable(tmp_path) / f"{name}.jsonl"
         exp_id = submit(n1, *experiment(tmp_path, name, entrypoint, record=str(record)))
         assert wait_end(n1, n2, exp_id, timeout=120) == "COMPLETED", trial_log(n1, exp_id)
         rows = records(record)
@@ -221,7 +237,7 @@ def test_pytorch_trial_pauses_and_resumes_across_two_machines(
     entrypoint: str,
 ) -> None:
     n1, n2 = machines
-    record, marker = tmp_path / "paused.jsonl", tmp_path / "holding"
+    record, marker = writable(tmp_path) / "paused.jsonl", writable(tmp_path) / "holding"
     cfg, ctx = experiment(
         tmp_path,
         "paused",
@@ -271,7 +287,7 @@ def test_deepspeed_trial_across_two_machines_learns_what_one_machine_learns(
 ) -> None:
     n1, n2 = machines
     reference = one_machine(tmp_path / "reference", DS_LEGACY, deepspeed=True)
-    record = tmp_path / "ds.jsonl"
+    record = writable(tmp_path) / "ds.jsonl"
     cfg, ctx = experiment(tmp_path, "ds", DS_LEGACY, deepspeed=True, record=str(record))
     exp_id = submit(n1, cfg, ctx)
     assert wait_end(n1, n2, exp_id, timeout=150) == "COMPLETED", trial_log(n1, exp_id)

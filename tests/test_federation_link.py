@@ -200,10 +200,21 @@ def test_reflected_challenge_mac_and_nonce(victim: Victim) -> None:
     [
         (struct.pack(">I", 5000) + b"x" * 100, "frame of 5000 bytes (limit 4096)"),
         (struct.pack(">I", 0), "frame of 0 bytes"),
-        (frame([1, 2, 3]), "not a message map"),
-        (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "not valid msgpack"),
-        (frame({"t": "hello", "x": msgpack.ExtType(1, b"pwn")}), "not valid msgpack"),
-        (struct.pack(">I", 5) + b"\xdd\xff\xff\xff\xff", "not valid msgpack"),
+        (frame([1, 2, 3]), "frame over its budget: an array of 3 items is over the limit of 0"),
+        (frame("hello"), "not a message map"),
+        (struct.pack(">I", 3) + b"\xc1\xc1\xc1", "frame over its budget: message is not msgpack"),
+        (
+            frame({"t": "hello", "x": msgpack.ExtType(1, b"pwn")}),
+            "frame over its budget: an extension value of 3 bytes is over the limit of 0",
+        ),
+        (
+            struct.pack(">I", 5) + b"\xdd\xff\xff\xff\xff",
+            "frame over its budget: an array of 4,294,967,295 items is over the limit of 0",
+        ),
+        (
+            frame({"t": "hello", "n": {"a": {}}}),
+            "frame over its budget: message nests deeper than 1 levels",
+        ),
         (frame({"t": "hb", "free": 1}), "sent 'hb' before its hello"),
         (frame(hello(b"k" * 32, node="../../etc")), "no valid node id"),
     ],
@@ -217,13 +228,17 @@ def test_malformed_frames_before_auth(victim: Victim, raw: bytes, needle: str) -
     only_self(victim)
 
 
-def test_slow_loris_is_cut_after_5s(victim: Victim) -> None:
+def test_slow_loris_is_cut_after_1s(victim: Victim) -> None:
     s = connect(victim)
     s.sendall(struct.pack(">I", 100) + b"\x82")  # a frame that never finishes
     t0 = time.monotonic()
-    victim.logged("no handshake within 5s", timeout=15)
-    assert 4.5 <= time.monotonic() - t0 <= 10
-    assert s.recv(1) == b""  # the daemon closed it
+    victim.logged("no hello within 1s", timeout=15)
+    assert 0.9 <= time.monotonic() - t0 <= 5
+    s.settimeout(10)
+    got = b""
+    while chunk := s.recv(4096):  # the refusal, then the daemon closes it
+        got += chunk
+    assert b"no hello within 1s" in got, got
     only_self(victim)
 
 
@@ -271,7 +286,7 @@ def test_replayed_tampered_and_oversized_frames_close_the_link(victim: Victim) -
         "tamper": "MAC does not verify",
         "reorder": "replayed or reordered",
         "oversized": "frame of 2097152 bytes (limit 1048576)",
-        "garbage": "not valid msgpack",
+        "garbage": "frame over its budget: ",
     }
     for kind, needle in needles.items():
         asyncio.run(attack(kind))
@@ -342,8 +357,8 @@ def test_a_thousand_unauthenticated_connects(victim: Victim, tmp_path: Path) -> 
             - before
         )
 
-    wait_for(lambda: count() >= sent, timeout=30, what="one refusal line per connection")
-    assert count() == sent
+    # refused, and logged once per source and kind a minute (the next line counts the rest)
+    wait_for(lambda: count() >= 1, timeout=30, what="a refusal line")
     rss1 = psutil.Process(victim.proc.pid).memory_info().rss
     assert rss1 - rss0 < 30 * 2**20, (rss0, rss1)
     # its local queue is still served
@@ -356,6 +371,7 @@ def test_a_thousand_unauthenticated_connects(victim: Victim, tmp_path: Path) -> 
         return any(j["id"] == job and j["state"] == "DONE" for j in json.loads(out))
 
     wait_for(done, timeout=30, what="the local job to finish")
+    assert 1 <= count() <= 3, victim.text()[-3000:]  # by then every refusal was decided
     only_self(victim)
 
 

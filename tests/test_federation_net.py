@@ -76,7 +76,7 @@ def test_mdns_cluster_late_joiner_and_failures(net: Net) -> None:
     assert rows["n2"]["address"] == "10.77.0.2:47800"
 
     # the cluster view through the peers: a job queued on n2 shows in n1's job list
-    res = n2.cli("cmd", "run", "--name", "on-n2", "--", "sleep", "60")
+    res = n2.cli("cmd", "run", "--name", "on-n2", "--", "sleep", "60", user="root")
     assert res.returncode == 0, res.stderr
     out = json.loads(n1.cli("job", "list", "--cluster", "--json").stdout)
     by_node = {row["node"]: row for row in out}

@@ -140,6 +140,8 @@ def peers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         return
     from det_local.cli.common import table
 
+    if view.get("collision"):
+        print(f"warning: {view['collision']}")
     print(
         table(
             ["Node", "Address", "State", "Slots free", "Version", "Last seen", "Queued"],

@@ -31,8 +31,10 @@ def run(
     anywhere: bool = typer.Option(
         False,
         "--anywhere",
-        help="It may run on an idle machine of the cluster when this one is full (its "
-        "working directory must be there too; it gets a clean environment there).",
+        help="It may run on an idle machine of the cluster when this one is full: its command "
+        "line (arguments included: no secrets in them) and working directory travel to that "
+        "machine, which runs it with a clean environment and reports its output and exit "
+        "status (`cmd list` says from where).",
     ),
     config: list[str] = typer.Option(
         None,
@@ -111,7 +113,7 @@ def list_commands(
         [
             j.id,
             j.state,
-            j.exit_code if j.exit_code is not None else "",
+            _exit(j.exit_code, api.ran_on(j)),
             j.slots_needed,
             j.user,
             fmt_time(j.started_at),
@@ -150,6 +152,12 @@ def _hidden_hint(show_all: bool) -> None:
             f"({ended} ended {word} not shown; `det-local cmd list --all` lists them)",
             file=sys.stderr,
         )
+
+
+def _exit(code: int | None, peer: str | None) -> str:
+    """The exit column; a status a peer reported says so (its output came from there too)."""
+    text = "" if code is None else str(code)
+    return f"{text} (from {peer})".strip() if peer else text
 
 
 @app.command("logs")

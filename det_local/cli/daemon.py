@@ -81,6 +81,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                 f"federation: on, node {fed['node']}, port {fed['port']}, "
                 f"{fed['live_peers']} live peer(s)"
             )
+            if fed.get("collision"):
+                print(f"federation: {fed['collision']}")
         else:
             print(f"federation: off ({fed.get('why') or 'unknown'})")
     else:

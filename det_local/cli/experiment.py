@@ -54,7 +54,8 @@ def create(
         typer.Option(
             "--anywhere",
             help="Its trials may run on an idle machine of the cluster when this one is full "
-            "(as resources.federate: true).",
+            "(as resources.federate: true): the config, context and hyperparameters travel "
+            "to that machine, which reports the trials' output, metrics and exit status.",
         ),
     ] = False,
 ) -> None:

@@ -46,7 +46,7 @@ def list_jobs(
                 j.priority,
                 submitted,
                 f"{len(j.slots)}/{j.slots_needed}",
-                j.state,
+                f"{j.state} (on {peer})" if (peer := api.ran_on(j)) else j.state,
                 j.user,
             ]
             + ([_pool_cell(pools[j.id], j)] if pooled else [])

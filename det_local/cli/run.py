@@ -28,7 +28,9 @@ def run_command(
         False,
         "--anywhere",
         help="A trial may run on an idle machine of the cluster when this one is full "
-        "(as resources.federate: true; needs shared_fs checkpoint storage).",
+        "(as resources.federate: true; needs shared_fs checkpoint storage): the experiment's "
+        "config, context and hyperparameters travel to that machine, which reports the "
+        "trial's output, metrics and exit status.",
     ),
 ) -> None:
     """Run an experiment: prints its id, streams the trials' output, ends with a summary.

@@ -134,6 +134,21 @@ class Discovery:
         node, port = got
         self.found(node, addrs[0], port)
 
+    async def holder(self) -> str:
+        """After a NonUniqueNameException: the address(es) of the machine that announces this
+        node's name already ("?" when it does not answer within RESOLVE_MS)."""
+        from zeroconf import IPVersion
+        from zeroconf.asyncio import AsyncServiceInfo
+
+        info = AsyncServiceInfo(SERVICE, f"{self.me.node}.{SERVICE}")
+        with contextlib.suppress(Exception):
+            if await info.async_request(self.zc.zeroconf, RESOLVE_MS):
+                theirs = [a for a in info.parsed_addresses(IPVersion.V4Only)]
+                others = [a for a in theirs if a not in self.addresses]
+                if others or theirs:
+                    return ", ".join(others or theirs)
+        return "?"
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -91,6 +91,7 @@ class OwnerGang:
     # since when its members have been this daemon's to watch (a restart starts it again)
     since: float = field(default_factory=time.monotonic)
     command: bool = False  # that job is a command (`cmd run --anywhere`), not a trial
+    log_bytes: int = 0  # log bytes its members relayed (capped: federation.max_log_mb)
 
 
 @dataclass
@@ -118,6 +119,11 @@ class Gangs:
         self.owned: dict[str, OwnerGang] = {}
         self.members: dict[str, MemberGang] = {}
         self._contexts: Any = None
+        self._shipments: Any = None
+        # shares whose ranks died with this daemon: owner node -> member_exit{lost} to send
+        # once its link is up; (gang, run) -> why, for its `share` question
+        self.lost_reports: dict[str, list[dict[str, Any]]] = {}
+        self.died: dict[tuple[str, int], str] = {}
 
     # ================================================================== helpers
     @property
@@ -162,6 +168,29 @@ class Gangs:
             fed.mkdir(mode=0o755, exist_ok=True)  # the ranks (any user) reach their context
             self._contexts = ContextCache(fed / "contexts")
         return self._contexts
+
+    def shipments(self) -> Any:
+        """Who may ship which context here, and the caps on what stays (shipments.py)."""
+        if self._shipments is None:
+            from det_local.federate.shipments import Shipments
+
+            s = self.fed.settings
+            mb = 1024 * 1024
+            self._shipments = Shipments(
+                self.contexts(),
+                (s.contexts_max_mb if s is not None else 2048) * mb,
+                (s.contexts_peer_mb if s is not None else 1024) * mb,
+                self._digests_in_use,
+                self.view.log,
+            )
+        return self._shipments
+
+    def _digests_in_use(self) -> set[str]:
+        return {
+            str(j.gang["digest"])
+            for j in self.view.active_jobs()
+            if j.gang is not None and j.gang.get("digest")
+        }
 
     # ================================================================== fit (Placer.fit)
     def fit(self, slots: int) -> GangFit:
@@ -312,6 +341,7 @@ class Gangs:
                 "key": og.key,
                 "slots": og.per_node,
                 "user": job.user,
+                "uid": int(job.uid),  # as the owner's kernel gave it (the spool file's owner)
                 "priority": int(job.priority),
                 "name": job.name,
                 "hold_s": HOLD_S,
@@ -333,9 +363,9 @@ class Gangs:
         self._maybe_commit(og)
 
     async def _reserve(self, og: OwnerGang, node: str, packed: Any, msg: dict[str, Any]) -> None:
-        if packed is not None and not await self._request(
-            node, {"t": "has", "digest": packed.digest}
-        ):
+        # the peer checks the reserve first (who, what); a context it lacks it then asks for,
+        # and accepts from this node only (federate/shipments.py)
+        if await self._request(node, msg) == "context" and packed is not None:
             from det_local.federate.blobs import send_context
 
             async def send(m: dict[str, Any]) -> None:
@@ -348,7 +378,8 @@ class Gangs:
                     await peer.link.session.send(m)
 
             await send_context(send, packed)
-        await self._request(node, msg)
+            if await self._request(node, msg) != "queued":
+                raise DetLocalError(f"{node} did not queue the share after its context came")
 
     def _retry_later(self, job_id: int, after: float = 2.0) -> None:
         def again() -> None:
@@ -495,6 +526,9 @@ class Gangs:
             self._failed(og)
             assert og.failed_at is not None
             verdict, node = failed_gang(og.failed_at, time.monotonic(), self._seen(og))
+            unconfirmed = [s for s in og.shares.values() if not s.confirmed and not s.exited]
+            if unconfirmed and time.monotonic() - og.failed_at < REATTACH_S:
+                verdict = Verdict.WAIT  # a machine came back: did its ranks survive?
             if verdict == Verdict.WAIT:
                 if og.timer is not None:
                     og.timer.cancel()
@@ -521,6 +555,12 @@ class Gangs:
             return
         share = og.shares[node]
         share.exited, share.code = True, msg["code"]
+        if msg.get("lost") and og.lost is None:  # its machine died (and may be back already)
+            og.lost = f"machine {node} was lost (its ranks died with it)"
+            self.view.log(f"federation: gang {og.gang} run {og.run}: {og.lost}")
+            if og.state != "ending":
+                self._lose(og, share, og.lost)
+                return
         if share.code != 0:
             self._failed(og)
         if og.state == "committed" and share.code != 0:
@@ -600,10 +640,30 @@ class Gangs:
         og = self.owned.get(msg["gang"])
         if og is None or og.run != msg["run"] or node not in og.shares:
             return
+        data: bytes = msg["data"]
+        cap = self.max_log_bytes()
+        if og.log_bytes >= cap:
+            return  # cut already (the line below says where)
+        if og.log_bytes + len(data) > cap:
+            data = data[: cap - og.log_bytes]
+            data += (
+                f"\n[det-local: the log relayed from {node} was cut here, after "
+                f"{cap // (1024 * 1024)} MiB (federation.max_log_mb on {self.node}); the rest "
+                "of its output is not kept]\n"
+            ).encode()
+            self.view.log(
+                f"federation: job {og.job_id}: the log relayed from {node} was cut at "
+                f"{cap // (1024 * 1024)} MiB (federation.max_log_mb)"
+            )
+        og.log_bytes += len(msg["data"])
         if og.command:
-            self.view.append_command_log(og.job_id, msg["data"])
+            self.view.append_command_log(og.job_id, data)
         else:
-            self.view.append_trial_log(og.experiment_id, og.trial_id, msg["data"])
+            self.view.append_trial_log(og.experiment_id, og.trial_id, data)
+
+    def max_log_bytes(self) -> int:
+        s = self.fed.settings
+        return (s.max_log_mb if s is not None else 64) * 1024 * 1024
 
     def down(self, run: TrialRun, frame: dict[str, Any]) -> None:
         og = self._owned_by_trial(run.trial_id, run.run_id)
@@ -645,8 +705,10 @@ class Gangs:
     def on_has(self, msg: dict[str, Any]) -> bool:
         return self.contexts().has(msg["digest"]) is not None
 
-    def on_blob(self, msg: dict[str, Any]) -> None:
-        self.contexts().receive(msg["digest"], msg["off"], msg["total"], msg["data"], msg["last"])
+    def on_blob(self, node: str, msg: dict[str, Any]) -> None:
+        self.shipments().receive(
+            node, msg["digest"], msg["off"], msg["total"], msg["data"], msg["last"]
+        )
 
     def on_reserve(self, node: str, msg: dict[str, Any]) -> str:
         gang, run = msg["gang"], msg["run"]
@@ -659,21 +721,19 @@ class Gangs:
             raise DetLocalError(
                 f"a share of {msg['slots']} slots is more than this machine's {total} [permanent]"
             )
-        if not self.fed.lend:
-            raise DetLocalError("this machine does not lend slots (federation.lend: false)")
         if self.view.node_disabled():
             raise DetLocalError(
                 "this machine is disabled (`det-local cluster node disable`): it takes no new "
                 "work from peers"
             )
+        self.fed.lending.check(node, msg["user"], msg.get("uid"))  # LendRefused: one line
         if command is not None:  # a command sent whole (`cmd run --anywhere`)
             self.view.check_gang_command(command, msg["user"])
         else:
-            if self.contexts().has(spec["digest"]) is None:
-                raise DetLocalError(
-                    f"context {spec['digest'][:12]} is not here: send it first (blob) [permanent]"
-                )
             self.view.check_gang_config(spec["config"], msg["user"])
+            if self.shipments().has(spec["digest"]) is None:
+                self.shipments().expect(node, spec["digest"])
+                return "context"  # ship it (accepted from this peer only), then reserve again
         old = self.members.get(gang)
         if old is not None:
             if run < old.run:
@@ -739,7 +799,7 @@ class Gangs:
         spec = job.gang or {}
         context = None
         if "command" not in spec:
-            context = self.contexts().has(spec.get("digest", ""))
+            context = self.shipments().has(spec.get("digest", ""))
             if context is None:
                 raise DetLocalError(f"gang {mg.gang}: its context is no longer here")
         addrs = list(msg["addrs"])
@@ -965,7 +1025,22 @@ class Gangs:
     def recover(self) -> None:
         """After this daemon restarted: the gangs whose shares were found running (adopted by
         the engine, sched/gangs.py) are taken back. Each other node confirms its share once
-        its link is up (`share`); one not heard within REATTACH_S of the restart is lost."""
+        its link is up (`share`); one not heard within REATTACH_S of the restart is lost.
+        A share whose ranks died with this daemon is reported lost to its owner as soon as
+        their link is up (a machine that died and came back is a lost machine)."""
+        for spec in self.view.gangs.died_with_daemon.values():
+            owner, gang, run = str(spec.get("owner")), str(spec.get("gang")), spec.get("run")
+            if not isinstance(run, int) or not gang:
+                continue
+            why = f"machine {self.node} restarted and its ranks of gang {gang} were gone"
+            self.died[(gang, run)] = why
+            report = {"t": "member_exit", "gang": gang, "run": run, "code": -9, "lost": True}
+            self.lost_reports.setdefault(owner, []).append(report)
+            self.view.log(f"federation: {why}: reported lost to {owner}")
+        self.view.gangs.died_with_daemon.clear()
+        for owner in list(self.lost_reports):
+            if self._linked(owner):
+                self.peer_attached(owner)
         for job in self.view.active_jobs():
             spec = job.gang or {}
             if job.state != SCHEDULED or not self.view.gangs.claim(job.id):
@@ -1007,9 +1082,13 @@ class Gangs:
     def peer_attached(self, node: str) -> None:
         """A link to `node` is up (again): the committed shares it holds of gangs owned here
         are confirmed (it, or this daemon, may have restarted); frames held for it go."""
+        for report in self.lost_reports.pop(node, []):
+            if not self._send(node, report):
+                self.lost_reports.setdefault(node, []).append(report)
         for og in list(self.owned.values()):
             s = og.shares.get(node)
             if s is not None and og.state != "reserving" and not s.exited:
+                s.confirmed = False  # until it says it still runs (a restart may have lost it)
                 self.fed.spawn(self._confirm(og, s))
         for mg in list(self.members.values()):
             if mg.owner == node and mg.backlog:
@@ -1040,6 +1119,9 @@ class Gangs:
         mg = self.members.get(msg["gang"])
         if mg is not None and mg.owner == node and mg.run == msg["run"]:
             return {"state": "running"}
+        died = self.died.get((msg["gang"], msg["run"]))
+        if died is not None:
+            return {"state": "lost", "why": died}
         for job in self.view.member_jobs(msg["gang"], msg["run"]):
             if (job.gang or {}).get("owner") == node and job.state not in (QUEUED, RESERVED):
                 if job.state == SCHEDULED:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import os
@@ -111,6 +112,38 @@ def default_node_id() -> str:
     except OSError:
         machine = socket.gethostname().encode()
     return f"{host}-{hashlib.sha256(machine).hexdigest()[:8]}"
+
+
+def stored_node_id(path: Path) -> str:
+    """This home's node id: read from `path`, or made once (hostname plus 8 random hex
+    characters) and stored there, so that cloned machines (one hostname, one machine-id) and
+    two homes on one host differ. A home this process cannot write keeps the derived id."""
+    try:
+        text = path.read_text().strip()
+        if valid_node_id(text):
+            return text
+        path.unlink()  # not an id (edited by hand?): a new one
+    except OSError:
+        pass
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0] or "host")[:40]
+    node = f"{host}-{os.urandom(4).hex()}"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(node + "\n")
+        os.chmod(tmp, 0o644)
+        os.link(tmp, path)  # never replaces an id another process stored first
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            text = path.read_text().strip()
+            if valid_node_id(text):
+                return text
+        return default_node_id()
+    except OSError:
+        return default_node_id()
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return node
 
 
 def valid_node_id(value: object) -> bool:

@@ -185,6 +185,7 @@ GANG_SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
         "key": (_key, True),
         "slots": (_int(1, MAX_SLOTS), True),
         "user": (lambda v: _str(64)(v) and bool(v), True),
+        "uid": (_int(0, 2**32 - 1), True),
         "priority": (_int(1, 99), True),
         "name": (_str(256), True),
         "hold_s": (lambda v: isinstance(v, (int, float)) and 0.1 <= v <= 600, False),

@@ -25,11 +25,15 @@ from typing import Any
 from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
+from det_local.federate.admission import FIRST_FRAME_S, Admission, GossipFilter
+from det_local.federate.blobs import BlobError
 from det_local.federate.gangs import Gangs
 from det_local.federate.keys import KeyError_, read_key
+from det_local.federate.lending import LendPolicy, LendRefused, uid_range
 from det_local.federate.localsocket import ClusterSocket
 from det_local.federate.peers import SUSPECT_S, Link, Peer, Target, peer_state
-from det_local.federate.settings import FederationSettings, load
+from det_local.federate.ratelog import RateLog
+from det_local.federate.settings import NODE_ID_FILE, FederationSettings, load
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
     Me,
@@ -47,13 +51,13 @@ HEARTBEAT_S = 1.0
 TICK_S = 0.25
 REATTACH_S = 10.0
 PEERS_EVERY_S = 5.0
-MAX_UNAUTHENTICATED = 16
 DIAL_TIMEOUT_S = 3.0
 QUERY_TIMEOUT_S = 3.0
 REDIAL_MIN_S = 0.5
 REDIAL_MAX_S = 5.0
 STATIC_MAX_S = 30.0
 REFUSED_BACKOFF_S = 30.0  # wrong key, another cluster, another version: no need to hurry
+REFUSAL_LOG_S = 60.0  # a refusal of a peer's input is logged once per source and kind a minute
 
 
 def extension(view: EngineView) -> Federation:
@@ -74,7 +78,6 @@ class Federation:
         self.local: asyncio.AbstractServer | None = None
         self.discovery: Any = None
         self.address = ""
-        self._unauth = 0
         self._own_nonces: set[bytes] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -85,6 +88,11 @@ class Federation:
         self.gangs = Gangs(self)  # trials across machines
         self.lend = True
         self.lend_priority_offset = 0
+        self.lending = LendPolicy("local", lend=False)
+        self.admission = Admission()
+        self.collision = ""  # a node id another machine announces as well (mDNS)
+        self.gossip = GossipFilter([], set())
+        self.refusals = RateLog(self.view.log, REFUSAL_LOG_S)  # hostile input: one line a minute
 
     # ================================================================== lifecycle
     async def start(self) -> None:
@@ -139,7 +147,15 @@ class Federation:
                 return
             self.on = True
             self.why_off = ""
+            self.collision = ""
             self.lend = settings.lend
+            self.lending = LendPolicy(
+                settings.node_id,
+                settings.lend,
+                settings.lend_users,
+                settings.lend_peers,
+                *uid_range(),
+            )
             self.lend_priority_offset = settings.lend_priority_offset
             self.view.gangs.max_peer_requeues = settings.max_peer_requeues
             self.view.install_placer(self.gangs, self.me.node)
@@ -148,9 +164,13 @@ class Federation:
             self.targets.clear()
             for host, port in settings.peers:
                 self.targets[(host, port)] = Target(host, port, static=True)
+            from det_local.federate.admission import interface_networks
             from det_local.federate.discovery import interface_addresses
 
             addrs = interface_addresses(settings.interfaces)
+            statics = {host for host, _port in settings.peers}
+            self.admission = Admission(known=set(statics))
+            self.gossip = GossipFilter(interface_networks(settings.interfaces), statics)
             self.address = f"{addrs[0] if addrs else settings.listen}:{settings.port}"
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
             self.view.log(
@@ -169,11 +189,20 @@ class Federation:
         from det_local.federate.discovery import Discovery
 
         free, total, kind = self.view.slots()
-        disc = Discovery(self.me, addrs, self._found, self.view.log, total, kind)
+        disc = Discovery(self.me, addrs, self._discovered, self.view.log, total, kind)
         try:
             await disc.start()
         except Exception as err:
-            self.view.log(f"federation: mDNS off: {type(err).__name__}: {err}")
+            if type(err).__name__ == "NonUniqueNameException":  # its message is empty
+                other = await disc.holder()
+                self.collision = collision_message(
+                    self.me.node, ", ".join(addrs), other, str(self.paths.home / NODE_ID_FILE)
+                )
+                self.view.log(f"federation: {self.collision}")
+            else:
+                self.view.log(f"federation: mDNS off: {type(err).__name__}: {err}")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(disc.stop(), 3.0)
             return
         self.discovery = disc
 
@@ -232,36 +261,47 @@ class Federation:
     # ================================================================== accepting
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         where = _where(writer)
-        if self._unauth >= MAX_UNAUTHENTICATED or not self.on or self.me is None:
-            self.view.log(
-                f"federation: refused a connection from {where}: {MAX_UNAUTHENTICATED} "
-                "unauthenticated connections are pending"
+        source = where.rsplit(":", 1)[0]
+        if not self.on or self.me is None:
+            writer.transport.abort()
+            return
+        known = source in self.admission.known
+        full = self.admission.admit(source)
+        if full is not None:  # before any byte is read: a flood costs an accept and a close
+            self.refusals.say(
+                f"full|{source}", f"federation: refused a connection from {source}: {full}"
             )
             writer.transport.abort()
             return
-        self._unauth += 1
         try:
             try:
                 pending = await asyncio.wait_for(
-                    server_handshake(reader, writer, self.me, where, self._own_nonces),
+                    server_handshake(
+                        reader, writer, self.me, where, self._own_nonces, FIRST_FRAME_S
+                    ),
                     HANDSHAKE_TIMEOUT,
                 )
             except Refused as err:
-                self.view.log(f"federation: refused {where}: {err}")
+                self.refusals.say(f"{err.code}|{source}", f"federation: refused {where}: {err}")
                 writer.close()
                 return
             except asyncio.TimeoutError:
-                self.view.log(
-                    f"federation: refused {where}: no handshake within {HANDSHAKE_TIMEOUT:.0f}s"
+                self.refusals.say(
+                    f"slow|{source}",
+                    f"federation: refused {where}: no handshake within {HANDSHAKE_TIMEOUT:.0f}s",
                 )
                 writer.transport.abort()
                 return
             except (asyncio.IncompleteReadError, ConnectionError, OSError):
-                self.view.log(f"federation: refused {where}: closed during the handshake")
+                self.refusals.say(
+                    f"closed|{source}", f"federation: refused {where}: closed during the handshake"
+                )
                 writer.transport.abort()
                 return
         finally:
-            self._unauth -= 1
+            self.admission.done(source, known)
+        self.admission.known.add(source)  # it holds the key: its reconnects always get a slot
+        self.gossip.authenticated.add(source)
         host = where.rsplit(":", 1)[0]
         refusal = self._refuse_admission(pending.peer, host)
         if refusal is not None:
@@ -289,6 +329,27 @@ class Federation:
         return None
 
     # ================================================================== dialling
+    def _discovered(self, node: str, host: str, port: int) -> None:
+        """mDNS found a node of this cluster: its address is known (always admitted)."""
+        self.admission.known.add(host)
+        self.gossip.authenticated.add(host)
+        self._found(node, host, port)
+
+    def _gossiped(self, peer: Peer, node: str, host: str, port: int) -> None:
+        """A peer's list names a node: dialled only within the cluster's addresses."""
+        if self.me is None or node == self.me.node or (host, port) in self.targets:
+            if self.me is not None and node != self.me.node:
+                self._found(node, host, port)
+            return
+        why = self.gossip.allow(peer.node, host)
+        if why is not None:
+            self.refusals.say(
+                f"gossip|{peer.node}|{host}",
+                f"federation: ignored {node} at {host}:{port} from {peer.node}'s peer list: {why}",
+            )
+            return
+        self._found(node, host, port)
+
     def _found(self, node: str, host: str, port: int) -> None:
         """mDNS (or a peer's list) names a node: dial it unless a link exists."""
         if self.me is None or node == self.me.node:
@@ -460,7 +521,7 @@ class Federation:
                 self.gangs.peers_changed()  # what waits for machines (or free slots) may go
         elif kind == "peers":
             for entry in msg["list"]:
-                self._found(entry["node"], entry["host"], entry["port"])
+                self._gossiped(peer, entry["node"], entry["host"], entry["port"])
         elif kind == "leave":
             peer.left = True
             self.view.log(f"federation: peer {peer.node} left")
@@ -493,7 +554,7 @@ class Federation:
                 self._spawn(self._last_blob(link, msg))
                 return
             elif kind == "blob":
-                g.on_blob(msg)
+                g.on_blob(node, msg)
             elif kind == "reserve":
                 value = g.on_reserve(node, msg)
             elif kind == "ready":
@@ -519,7 +580,13 @@ class Federation:
             if rid is not None:
                 link.session.send_now({"t": "reply", "id": rid, "value": value})
         except DetLocalError as err:
-            self.view.log(f"federation: refused {kind} from {node}: {err}")
+            line = f"federation: refused {kind} from {node}: {err}"
+            if isinstance(err, LendRefused):  # a peer can ask again and again
+                self.refusals.say(f"lend|{node}|{msg.get('user')!s:.40}", line)
+            elif isinstance(err, BlobError):  # a chunk flood is one line a minute
+                self.refusals.say(f"blob|{node}|{err.code}", line)
+            else:
+                self.view.log(line)
             if rid is not None:
                 with contextlib.suppress(Exception):
                     link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
@@ -535,10 +602,14 @@ class Federation:
     async def _last_blob(self, link: Link, msg: dict[str, Any]) -> None:
         reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.gangs.on_blob, msg)
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.gangs.on_blob, link.node, msg
+            )
             reply["value"] = True
         except DetLocalError as err:
-            self.view.log(f"federation: refused a context from {link.node}: {err}")
+            self.refusals.say(
+                f"blob|{link.node}|last", f"federation: refused a context from {link.node}: {err}"
+            )
             reply["error"] = str(err)[:1000]
         if "id" in msg:
             with contextlib.suppress(Exception):
@@ -684,6 +755,8 @@ class Federation:
                     peer_state(p, time.monotonic()) == "alive" for p in self.peers.values()
                 ),
             )
+            if self.collision:
+                out["collision"] = self.collision
         else:
             out["why"] = self.why_off
         return out
@@ -707,6 +780,15 @@ class Federation:
 
         out += await asyncio.gather(*(one(p) for p in peers))
         return out
+
+
+def collision_message(node: str, mine: str, other: str, id_file: str) -> str:
+    return (
+        f"node id '{node}' is announced over mDNS by two machines: this one ({mine}) and "
+        f"{other}: a cloned machine or home? on one of them delete {id_file} (a new id is "
+        "made at the next start) or set federation.node_id / DET_LOCAL_NODE_ID; mDNS stays off "
+        "here until then"
+    )
 
 
 def _where(writer: asyncio.StreamWriter) -> str:

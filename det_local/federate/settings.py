@@ -3,12 +3,19 @@
 ```yaml
 federation:
   port: 47800            # TCP port of the peer link (DET_LOCAL_FED_PORT)
-  node_id: gpu1          # default: hostname plus 8 hex of /etc/machine-id (DET_LOCAL_NODE_ID)
+  node_id: gpu1          # default: made once per home and kept in <home>/node-id (hostname
+                         # plus 8 random hex); DET_LOCAL_NODE_ID wins
   mdns: true             # announce and browse with mDNS (DET_LOCAL_MDNS=0 turns it off)
   peers: ["10.0.0.5:47800", "gpu2.lab"]   # dialled as well (DET_LOCAL_PEERS=host:port,...)
   interfaces: [eth0]     # where mDNS runs; default: private IPv4 interfaces, no docker*,
                          # virbr*, veth*, loopback (DET_LOCAL_FED_INTERFACES=eth0,eth1)
   listen: 0.0.0.0        # address the peer link listens on (DET_LOCAL_FED_LISTEN)
+  lend: true             # run shares of other machines' work here (ordinary accounts only)
+  lend_users: [alice]    # only these users' work from peers (default: any uid >= UID_MIN)
+  lend_peers: [gpu2]     # only these machines' work (default: any holder of the key)
+  contexts_max_mb: 2048  # contexts shipped here, all peers together (least recently used go)
+  contexts_peer_mb: 1024 # of which one peer may hold at most
+  max_log_mb: 64         # log bytes a peer may relay into one job's log (then it is cut)
 ```
 The environment wins over daemon.yaml.
 """
@@ -21,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import ConfigError
-from det_local.federate.keys import default_node_id, valid_node_id
+from det_local.federate.keys import stored_node_id, valid_node_id
 
 DEFAULT_PORT = 47800
+NODE_ID_FILE = "node-id"  # in the home, next to daemon.yaml: made once (keys.stored_node_id)
 _KEYS = {
     "port",
     "node_id",
@@ -34,6 +42,11 @@ _KEYS = {
     "lend",
     "lend_priority_offset",
     "max_peer_requeues",
+    "lend_users",
+    "lend_peers",
+    "contexts_max_mb",
+    "contexts_peer_mb",
+    "max_log_mb",
 }
 
 
@@ -48,6 +61,11 @@ class FederationSettings:
     lend: bool = True  # run shares of other machines' trials here
     lend_priority_offset: int = 0  # added to a lent share's priority (higher: less important)
     max_peer_requeues: int = 5  # requeues of a trial for lost machines (not max_restarts)
+    lend_users: frozenset[str] | None = None  # None: any ordinary account (uid >= UID_MIN)
+    lend_peers: frozenset[str] | None = None  # None: any machine that holds the key
+    contexts_max_mb: int = 2048  # fed/contexts, every peer's together
+    contexts_peer_mb: int = 1024  # fed/contexts, one peer's
+    max_log_mb: int = 64  # relayed log bytes per job
 
 
 def parse_peer(text: str, where: str) -> tuple[str, int]:
@@ -92,6 +110,23 @@ def _whole(value: Any, lo: int, hi: int, name: str, source: str) -> int:
     return value
 
 
+def _names(raw: dict[str, Any], name: str, source: str) -> frozenset[str] | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"federation.{name} in {source}: expected a list of names")
+    if name == "lend_users":
+        from det_local.federate.lending import valid_user_name
+
+        bad = [v for v in value if not valid_user_name(v)]
+        if bad:
+            raise ConfigError(
+                f"federation.lend_users in {source}: {bad[0][:40]!r} is not a valid user name"
+            )
+    return frozenset(value)
+
+
 def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSettings:
     env = dict(os.environ) if env is None else env
     raw: dict[str, Any] = {}
@@ -119,7 +154,11 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
     port = _port(raw.get("port", DEFAULT_PORT), f"federation.port in {source}")
     if env.get("DET_LOCAL_FED_PORT"):
         port = _port(env["DET_LOCAL_FED_PORT"], "DET_LOCAL_FED_PORT")
-    node = env.get("DET_LOCAL_NODE_ID") or raw.get("node_id") or default_node_id()
+    node = (
+        env.get("DET_LOCAL_NODE_ID")
+        or raw.get("node_id")
+        or stored_node_id(settings_path.with_name(NODE_ID_FILE))
+    )
     if not valid_node_id(node):
         raise ConfigError(
             f"node id {node!r} (federation.node_id / DET_LOCAL_NODE_ID): expected 1-63 letters, "
@@ -147,7 +186,24 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
     lend = _flag(raw.get("lend", True), f"federation.lend in {source}")
     offset = _whole(raw.get("lend_priority_offset", 0), -98, 98, "lend_priority_offset", source)
     requeues = _whole(raw.get("max_peer_requeues", 5), 0, 1000, "max_peer_requeues", source)
+    lend_users = _names(raw, "lend_users", source)
+    lend_peers = _names(raw, "lend_peers", source)
+    if lend_peers is not None:
+        bad = sorted(n for n in lend_peers if not valid_node_id(n))
+        if bad:
+            raise ConfigError(
+                f"federation.lend_peers in {source}: {bad[0]!r} is not a node id (1-63 "
+                "letters, digits, '.', '_' or '-')"
+            )
+    ctx_max = _whole(raw.get("contexts_max_mb", 2048), 1, 10**7, "contexts_max_mb", source)
+    ctx_peer = _whole(raw.get("contexts_peer_mb", 1024), 1, 10**7, "contexts_peer_mb", source)
+    log_mb = _whole(raw.get("max_log_mb", 64), 1, 10**6, "max_log_mb", source)
     return FederationSettings(
+        lend_users=lend_users,
+        lend_peers=lend_peers,
+        contexts_max_mb=ctx_max,
+        contexts_peer_mb=min(ctx_peer, ctx_max),
+        max_log_mb=log_mb,
         lend=lend,
         lend_priority_offset=offset,
         max_peer_requeues=requeues,

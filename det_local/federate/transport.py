@@ -36,6 +36,9 @@ import msgpack
 from det_local import __version__
 from det_local.federate.keys import cluster_id, valid_node_id
 from det_local.rpc import HEADER
+from det_local.wire.budget import Budget
+from det_local.wire.budget import Refused as BudgetRefused
+from det_local.wire.budget import decode as budget_decode
 
 PROTOCOL_VERSION = 1
 PRE_AUTH_MAX = 4 * 1024
@@ -57,16 +60,38 @@ class Refused(Exception):
         self.code = code
 
 
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack ext type {code}")
+# What one frame may hold, checked before msgpack builds anything (det_local/wire/budget.py).
+# Before authentication: a hello, challenge, auth or answer (a few short fields).
+PRE_AUTH_BUDGET = Budget(
+    max_bytes=PRE_AUTH_MAX,
+    max_str=1024,
+    max_bin=64,
+    max_array=0,
+    max_map=16,
+    max_ext=0,
+    max_depth=1,
+    max_objects=64,
+)
+# An authenticated frame (SESSION_MAX bytes): a blob chunk, a reserve with its experiment
+# config (at most 64 levels: config/limits.py, under 3 of envelope), a job or slot list.
+SESSION_BUDGET = Budget(
+    max_bytes=SESSION_MAX,
+    max_str=SESSION_MAX,
+    max_bin=SESSION_MAX,
+    max_array=20_000,
+    max_map=20_000,
+    max_ext=0,
+    max_depth=72,
+    max_objects=250_000,
+)
 
 
-def decode(body: bytes) -> dict[str, Any]:
-    """One msgpack map with a str `t`: no ext types, valid UTF-8, nothing else."""
+def decode(body: bytes, budget: Budget = SESSION_BUDGET) -> dict[str, Any]:
+    """One msgpack map with a str `t`, within `budget`: no ext types, valid UTF-8."""
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=_no_ext)
-    except Exception as err:  # msgpack raises several kinds for malformed input
-        raise Refused(f"frame is not valid msgpack ({type(err).__name__})", "frame") from None
+        msg = budget_decode(body, budget)
+    except BudgetRefused as err:
+        raise Refused(f"frame over its budget: {err}", "frame") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise Refused("frame is not a message map with a string 't'", "frame")
     return msg
@@ -260,7 +285,7 @@ async def _client_handshake(
 ) -> tuple[Session, PeerHello]:
     if True:  # the body of client_handshake, under its deadline
         writer.write(plain(hello_msg(me, nc)))
-        msg = decode(await read_frame(reader, PRE_AUTH_MAX))
+        msg = decode(await read_frame(reader, PRE_AUTH_MAX), PRE_AUTH_BUDGET)
         if msg["t"] == "error":
             text = msg.get("error")
             code = msg.get("code")
@@ -287,7 +312,7 @@ async def _client_handshake(
                 "key",
             )
         writer.write(plain({"t": "auth", "mac": _h(me.key, b"cli", ns, nc, *ids)}))
-        answer = decode(await read_frame(reader, PRE_AUTH_MAX))
+        answer = decode(await read_frame(reader, PRE_AUTH_MAX), PRE_AUTH_BUDGET)
         if answer["t"] == "error":
             text = answer.get("error")
             code = answer.get("code")
@@ -326,11 +351,17 @@ async def server_handshake(
     me: Me,
     where: str,
     own_nonces: set[bytes],
+    first_frame_s: float = HANDSHAKE_TIMEOUT,
 ) -> Pending:
-    """Accept side, under the caller's deadline. Refused (and the refusal sent) for anything
-    but a hello and an auth from a holder of this cluster's key."""
+    """Accept side, under the caller's deadline (the hello within `first_frame_s`). Refused
+    (and the refusal sent) for anything but a hello and an auth from a holder of this
+    cluster's key."""
     try:
-        msg = decode(await read_frame(reader, PRE_AUTH_MAX))
+        try:
+            first = await asyncio.wait_for(read_frame(reader, PRE_AUTH_MAX), first_frame_s)
+        except asyncio.TimeoutError:
+            raise Refused(f"no hello within {first_frame_s:g}s", "slow") from None
+        msg = decode(first, PRE_AUTH_BUDGET)
         if msg["t"] != "hello":
             raise Refused(f"{where} sent '{str(msg['t'])[:40]}' before its hello", "frame")
         if msg.get("v") != PROTOCOL_VERSION:
@@ -366,7 +397,7 @@ async def server_handshake(
                 }
             )
         )
-        auth = decode(await read_frame(reader, PRE_AUTH_MAX))
+        auth = decode(await read_frame(reader, PRE_AUTH_MAX), PRE_AUTH_BUDGET)
         if auth["t"] != "auth":
             raise Refused(f"{where} sent '{str(auth['t'])[:40]}' instead of auth", "frame")
         mac = _field(auth, "mac", bytes, f"the auth from {where}")

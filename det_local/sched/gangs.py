@@ -112,6 +112,9 @@ class GangShares:
         self.stay_until: dict[int, float] = {}  # job id -> not offered to peers before (monotonic)
         # shares found running after a restart, until the placer takes them back (job ids)
         self.adopted: set[int] = set()
+        # MEMBER shares whose ranks died with this daemon (found gone at its restart): job id
+        # -> its gang spec; the placer reports each lost to its owner at once
+        self.died_with_daemon: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ owner side
     def fit(self, slots: int) -> GangFit | None:
@@ -306,7 +309,11 @@ class GangShares:
         elif lost is not None:
             status, message = None, f"command {job_id} on {where}: {lost}; it is not run again"
         else:
-            status, message = code, f"command {job_id} {describe_exit(code)} on {where}"
+            status, message = (
+                code,
+                f"command {job_id} {describe_exit(code)} on {where} (its output and exit status "
+                f"as machine {where} reported them)",
+            )
         engine.store.jobs.finish(job_id, status, message)
         engine.queue.schedule()
 
