@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import wait_for
-from fednet import Net, Node, cli_env
+from fednet import Net, Node, as_submitter, cli_env, reachable
 from test_federation_gang import (
     db,
     net,  # noqa: F401  (the fixture)
@@ -47,11 +47,12 @@ def test_a_disabled_node_takes_no_anywhere_job_until_enabled(
     work.mkdir()
     res = subprocess.run(
         [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", "exit 3"],
-        cwd=work,
+        cwd=reachable(work),
         env=cli_env(n1.home),
         capture_output=True,
         text=True,
         timeout=60,
+        **as_submitter(),  # root's work never runs on a peer
     )
     assert res.returncode == 0, res.stderr
     job_id = int(res.stdout.split()[-1])
