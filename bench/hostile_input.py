@@ -216,7 +216,7 @@ def drop_bombs(n: int) -> list[float]:
     """As MALLORY: N request files written at once, then each answer's round trip (s)."""
     from det_local import api
     from det_local.errors import DetLocalError
-    from det_local.sched import spool
+    from det_local.sched.intake import spool
 
     paths = api.paths()
     ids = []
@@ -239,7 +239,7 @@ def drop_bombs(n: int) -> list[float]:
 
 def send_frames(env: dict[str, str], k: int) -> list[Any]:
     """As MALLORY's trial: K sessions, each sending the 16 MiB bomb; the daemon's answers."""
-    from det_local import rpc
+    from det_local.wire import rpc
 
     out = []
     for _ in range(k):
@@ -275,7 +275,7 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
     import psutil
 
     from det_local import api
-    from det_local.sched import spool
+    from det_local.sched.intake import spool
 
     ctx = Path(cwd) / "ctx"
     ctx.mkdir()
@@ -401,10 +401,10 @@ def main() -> None:
     # what the children use, imported before they drop root
     import psutil  # noqa: F401
 
-    import det_local.sched.control  # noqa: F401
-    import det_local.sched.inotify  # noqa: F401
-    from det_local import api, rpc  # noqa: F401
-    from det_local.sched import spool  # noqa: F401
+    import det_local.client.control  # noqa: F401
+    import det_local.sched.intake.inotify  # noqa: F401
+    from det_local import api  # noqa: F401
+    from det_local.sched.intake import spool  # noqa: F401
 
     base = tempfile.mkdtemp(prefix="det-local-hostile-", dir="/tmp")
     os.chmod(base, 0o755)

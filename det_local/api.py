@@ -13,7 +13,7 @@ from det_local.store.paths import Paths
 from det_local.store.states import State
 
 if TYPE_CHECKING:
-    from det_local.sched.testmode import TestReport
+    from det_local.client.testmode import TestReport
 
 
 def paths() -> Paths:
@@ -53,7 +53,7 @@ def run(
 
     test_mode: Determined's test mode (one batch, validate, checkpoint, restore in a new
     process, one more batch); prints the pass/fail report and returns 0 only if all passed."""
-    from det_local.sched.embedded import run_experiment
+    from det_local.client.embedded import run_experiment
 
     return run_experiment(
         paths(),
@@ -79,7 +79,7 @@ def create_experiment(
     runs); returns the exit code."""
     if not follow:
         from det_local.errors import DetLocalError
-        from det_local.sched.control import lock_free
+        from det_local.sched.enginelock import lock_free
 
         p = paths()
         if lock_free(p):
@@ -95,8 +95,8 @@ def test_experiment(
 ) -> TestReport:
     """Run CONFIG in test mode with no output and return the report (what the pytest plugin
     uses). ``home`` defaults to DET_LOCAL_HOME."""
-    from det_local.sched.embedded import run_experiment
-    from det_local.sched.testmode import build_report
+    from det_local.client.embedded import run_experiment
+    from det_local.client.testmode import build_report
 
     p = Paths(Path(home).absolute()) if home is not None else paths()
     box: list[TestReport] = []
@@ -113,21 +113,21 @@ def test_experiment(
 
 def control(experiment_id: int, action: str, **fields: object) -> str:
     """pause | activate | kill | label_add | label_remove an experiment; returns a message."""
-    from det_local.sched.control import control_experiment
+    from det_local.client.control import control_experiment
 
     return control_experiment(paths(), experiment_id, action, **fields)
 
 
 def control_job(op: str, payload: dict[str, object]) -> Any:
     """A job-queue request (cmd_run, cmd_kill, job_update, job_update_batch)."""
-    from det_local.sched.control import control_job as send
+    from det_local.client.control import control_job as send
 
     return send(paths(), op, payload)
 
 
 def follow_command(job_id: int, poll: float = 0.05, p: Paths | None = None) -> int:
     """Stream a command's output until it ends; returns its exit status (1 if unknown)."""
-    from det_local.sched.follow import follow_command as follow
+    from det_local.client.follow import follow_command as follow
 
     return follow(p or paths(), job_id, poll)
 
@@ -171,7 +171,7 @@ def trial_logs(
         else:
             log.pump(out.write)
     except PermissionError as err:
-        from det_local.sched.attach import logs_private
+        from det_local.client.attach import logs_private
 
         raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
     out.write(log.rest())
@@ -201,7 +201,7 @@ def _logs_removed(store: Store, experiment_id: int, trial_id: int) -> None:
 
 def command_exit_status(job: Any) -> int:
     """The exit status for an ended command's job, as a shell reports it."""
-    from det_local.sched.follow import command_exit_status as status
+    from det_local.client.follow import command_exit_status as status
 
     return status(job)
 
@@ -209,7 +209,7 @@ def command_exit_status(job: Any) -> int:
 def ranked_trials(store: Store, experiment_id: int) -> list[Any]:
     """The experiment's trials, best searcher metric first (trials without one last; NaN and
     the infinities, which the daemon never records as a best, rank after every number)."""
-    from det_local.sched.searchsummary import rank, searcher_of
+    from det_local.client.searchsummary import rank, searcher_of
 
     _, smaller = searcher_of(store.get_experiment(experiment_id).config)
     return rank(store.list_trials(experiment_id), smaller)
@@ -249,7 +249,7 @@ def best_trial(experiment_id: int) -> dict[str, Any]:
             f"experiment {experiment_id} has no trial with a validation of its searcher metric yet"
         )
     trial = ranked[0]
-    from det_local.sched.searchsummary import best_checkpoint, searcher_of
+    from det_local.client.searchsummary import best_checkpoint, searcher_of
 
     metric, _ = searcher_of(store.get_experiment(experiment_id).config)
     ckpt = best_checkpoint(store, trial, metric)
@@ -360,7 +360,7 @@ def hparams_json(experiment_id: int) -> dict[str, Any]:
     its first validation); trials best first. A hyperparameter the config does not define (a
     const dict's keys) has the type of its values: double when all are numbers, else
     categorical."""
-    from det_local.sched.searchsummary import searcher_of
+    from det_local.client.searchsummary import searcher_of
     from det_local.tables import flatten
 
     store = open_store()
@@ -455,7 +455,7 @@ def trial_metrics_sampled(
 
 def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
     """The jobs in the order the scheduler goes by (JobRecords; `job list`'s # is the place)."""
-    from det_local.sched.queueview import in_queue_order
+    from det_local.client.queueview import in_queue_order
 
     jobs = in_queue_order(open_store().jobs.list(include_done=include_done), paths())
     return jobs if limit is None else jobs[: max(limit, 0)]
@@ -508,7 +508,7 @@ def pools_rows() -> list[dict[str, str]]:
 def slots_json() -> list[dict[str, Any]]:
     """`slots --json`: this machine's slots as the running engine sees them (discovered here
     when none runs), with who uses each."""
-    from det_local.sched.slotview import current
+    from det_local.client.slotview import current
 
     return mark_disabled(current(paths()).rows())
 
@@ -549,7 +549,7 @@ def trial_log_chunk(
             log = LogTail(path)
         log.pump(keep)
     except PermissionError as err:
-        from det_local.sched.attach import logs_private
+        from det_local.client.attach import logs_private
 
         raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
     data = b"".join(chunks)
@@ -632,7 +632,7 @@ def experiment_curves(
     config's constant, else None), "best_validation", "reports"}]}, trials best first
     (searcher metric, smaller_is_better respected), reports downsampled as
     trial_metrics_sampled."""
-    from det_local.sched.searchsummary import rank, searcher_of
+    from det_local.client.searchsummary import rank, searcher_of
 
     store = open_store()
     exp = store.get_experiment(experiment_id)
@@ -683,7 +683,7 @@ def open_trial_log(trial_id: int) -> tuple[str, IO[bytes] | None]:
     except FileNotFoundError:
         return name, None
     except PermissionError as err:
-        from det_local.sched.attach import logs_private
+        from det_local.client.attach import logs_private
 
         raise logs_private(err, store.get_experiment(trial.experiment_id)) from None
 
@@ -743,8 +743,8 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
     """`cmd list --json`: commands, shells, notebooks and TensorBoards (every job but trials),
     oldest first, each with "link" (the address a notebook or TensorBoard serves on while it
     runs, without its token: that is printed only to its owner, by `notebook start`) and its
-    argv with secret-looking option values hidden (sched/taskview.py)."""
-    from det_local.sched.taskview import address, hide_secrets
+    argv with secret-looking option values hidden (client/taskview.py)."""
+    from det_local.client.taskview import address, hide_secrets
 
     out = []
     for j in open_store().jobs.list(include_done=include_done):

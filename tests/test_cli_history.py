@@ -212,6 +212,6 @@ def test_slots_cmd_list_and_daemon_log_from_the_daemon(dl: Env) -> None:
 
 
 def _alive(dl: Env) -> bool:
-    from det_local.sched.requester import lock_free
+    from det_local.sched.enginelock import lock_free
 
     return not lock_free(dl.paths)

@@ -17,8 +17,8 @@ import yaml
 from conftest import A, B, Env, Shared, one_line_error, wait_for
 
 from det_local import api
+from det_local.client import attach
 from det_local.errors import DetLocalError
-from det_local.sched import attach
 from det_local.store.states import State
 
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}

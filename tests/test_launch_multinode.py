@@ -30,20 +30,20 @@ from conftest import wait_for
 from det_local.launch import _args, deepspeed, torch_distributed
 from det_local.launch._args import LaunchError
 from det_local.launch.ports import allocate_ports
-from det_local.sched import slots
-from det_local.sched.plan import LaunchPlan
-from det_local.sched.rendezvous import (
+from det_local.sched.queue import hardware as slots
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.run.rendezvous import (
     IFNAME_VARS,
     Rendezvous,
     RendezvousError,
     interface_of,
 )
-from det_local.sched.trialplan import TrialFacts, build_trial_plan
-from det_local.sched.trialstart import _cluster_info, write_info
+from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
+from det_local.sched.run.trialstart import _cluster_info, write_info
 from det_local.store.paths import Paths
-from det_local.trial import info as info_module
 from det_local.trial.core import DistributedContext
-from det_local.trial.info import ClusterInfo
+from det_local.wire import trialinfo as info_module
+from det_local.wire.trialinfo import ClusterInfo
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 120

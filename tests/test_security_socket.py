@@ -37,10 +37,11 @@ from conftest import ADMIN, A, B, Shared, _submit_raw, wait_for
 
 # everything the children use is imported before they drop root (they cannot read /root)
 import det_local.trial.core._distributed
-from det_local import api, rpc
+from det_local import api
 from det_local.errors import DetLocalError
 from det_local.trial.core._checkpoint import CheckpointContext
 from det_local.trial.session import Session
+from det_local.wire import rpc
 
 SESSION_LIMIT = 16 << 20  # the daemon's limit on a session's frames (rpc.SESSION_MAX_FRAME)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from det_local.sched.priority import DEFAULT_PRIORITY
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.config.priority import DEFAULT_PRIORITY
+from det_local.config.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
 
@@ -52,7 +52,7 @@ def run(
     import os
 
     from det_local import api
-    from det_local.sched.userfiles import current_umask
+    from det_local.sched.run.userfiles import current_umask
     from det_local.usage.settings import parse_task_config
 
     task_config = parse_task_config(config)
@@ -72,12 +72,12 @@ def run(
         **({"pool": pool} if pool else {}),
     }
     if follow:
-        from det_local.sched.embedded import run_command
+        from det_local.client.embedded import run_command
 
         raise typer.Exit(run_command(api.paths(), payload))
     job_id = api.control_job("cmd_run", payload)
     print(f"Queued command {job_id}", flush=True)
-    from det_local.sched.control import lock_free
+    from det_local.sched.enginelock import lock_free
 
     p = api.paths()
     if lock_free(p):

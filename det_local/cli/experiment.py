@@ -11,7 +11,7 @@ from det_local.cli import attach, history
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.config.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -138,7 +138,7 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         ("Slots/trial", _slots(cfg)),
         ("Context", exp.context_dir),
     ]
-    from det_local.sched.trialstarts import summary
+    from det_local.sched.warm.starttimes import summary
 
     starts = summary((warm, s) for _, _, warm, s in store.list_trial_starts(experiment_id))
     if starts:

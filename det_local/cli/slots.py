@@ -25,7 +25,7 @@ def slots_command(
         return
     from det_local.api import paths
     from det_local.cli.common import print_json
-    from det_local.sched.slotview import FROM_ENGINE, current
+    from det_local.client.slotview import FROM_ENGINE, current
 
     view = current(paths())
     from det_local.api import mark_disabled

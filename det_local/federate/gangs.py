@@ -38,12 +38,12 @@ from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
 from det_local.federate.verdict import Seen, Verdict, failed_gang
 from det_local.sched.gangs import MEMBER, REATTACH_S, GangFit, owner_key, share_key
-from det_local.sched.rendezvous import Rendezvous, interface_of
+from det_local.sched.run.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
 if TYPE_CHECKING:
     from det_local.federate.service import Federation
-    from det_local.sched.experiments import TrialRun
+    from det_local.sched.life.experiments import TrialRun
 
 HOLD_S = 30.0  # a RESERVED member without a commit goes back to the queue after this long
 REQUEST_S = 10.0  # a reserve/commit/abort/has request without an answer: the peer is gone

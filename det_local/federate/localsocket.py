@@ -18,7 +18,7 @@ from det_local.federate.transport import (
     plain,
     read_frame,
 )
-from det_local.sched.trialserver import peer_uid
+from det_local.sched.sessions.trialserver import peer_uid
 
 if TYPE_CHECKING:
     from det_local.federate.service import Federation

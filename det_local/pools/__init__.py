@@ -2,7 +2,7 @@
 
 The machine's own slots are the default pool (``""`` or ``default``; the LAN cluster extends
 it). Other pools come from daemon.yaml's `resource_pools:`; each names a backend (today:
-``slurm``, `det_local/slurm/`). A pool is a :class:`~det_local.sched.launcher.Launcher` behind
+``slurm``, `det_local/slurm/`). A pool is a :class:`~det_local.sched.run.launcher.Launcher` behind
 :class:`~det_local.pools.router.PoolLauncher`: the engine decides what runs and when, a pool's
 launcher decides how and where. The engine knows pools only as names (``is_default``,
 ``check_experiment``); nothing in `sched/` knows Slurm.
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from det_local.errors import ConfigError
 
 if TYPE_CHECKING:
-    from det_local.sched.launcher import Launcher
-    from det_local.sched.plan import LaunchPlan
+    from det_local.sched.run.launcher import Launcher
+    from det_local.sched.run.launchplan import LaunchPlan
     from det_local.slurm.config import SlurmPool
     from det_local.store.jobs import JobRecord
     from det_local.store.paths import Paths

@@ -3,17 +3,21 @@
 One engine per DET_LOCAL_HOME. It is the only writer of the store. Events come from three
 sources, all on one asyncio loop, and nothing polls for work:
 
-* the spool (submissions and control requests): `sched/spoolserver.py` reads them and
-  `sched/dispatch.py` hands each to its handler in `sched/handlers.py`, which calls the engine;
-* the trial socket (trial reports): `sched/trialserver.py` authenticates sessions and
-  `sched/trialmessages.py` handles each message, calling the engine for what touches a searcher;
-* process exits: `sched/supervisor.py` watches the runs it spawned through the launcher
-  (`sched/launcher.py`) and calls :meth:`Engine._on_job_exit` once a run is wholly gone.
+* the spool (submissions and control requests): `sched/intake/spoolserver.py` reads them and
+  `sched/intake/dispatch.py` hands each to its handler in `sched/intake/handlers.py`, which calls
+  the engine;
+* the trial socket (trial reports): `sched/sessions/trialserver.py` authenticates sessions and
+  `sched/sessions/trialmessages.py` handles each message, calling the engine for what touches a
+  searcher;
+* process exits: `sched/run/supervisor.py` watches the runs it spawned through the launcher
+  (`sched/run/launcher.py`) and calls :meth:`Engine._on_job_exit` once a run is wholly gone.
 
-The engine owns the experiments (`sched/experiments.py`), turns searcher actions into trials
-and jobs, decides what a trial's exit means (`sched/outcome.py`), and starts trials when the
-queue (`sched/jobqueue.py`) says so (`sched/trialstart.py` prepares the plan). Commands are
-`sched/commands.py`'s, checkpoint GC is `sched/ckpt_gc.py`'s. `docs/architecture.md` has the
+The engine owns the experiments (`sched/life/experiments.py`), turns searcher actions into trials
+and jobs, decides what a trial's exit means (`sched/life/outcome.py`), and starts trials when the
+queue (`sched/queue/jobqueue.py`) says so (`sched/run/trialstart.py` prepares the plan). Commands
+are
+`sched/run/commands.py`'s, checkpoint GC is `sched/life/ckpt_gc.py`'s. `docs/architecture.md` has
+the
 whole picture. The daemon runs an engine for good; `det-local run` with no daemon runs one in
 its own process for the life of the run (embedded mode).
 """
@@ -32,34 +36,37 @@ from typing import Any
 
 from det_local.errors import DetLocalError
 from det_local.pools import is_default, load_pools
-from det_local.sched import cgroups, expcontrol, trialexit, unmanaged
-from det_local.sched.ckpt_gc import CheckpointGC
-from det_local.sched.commands import Commands
-from det_local.sched.dispatch import apply_request
-from det_local.sched.experiments import (
+from det_local.sched.gangs import MEMBER, GangShares
+from det_local.sched.intake.dispatch import apply_request
+from det_local.sched.intake.spool import Request
+from det_local.sched.intake.spoolserver import SpoolServer
+from det_local.sched.intake.submission import record_experiment
+from det_local.sched.life import changes as expcontrol
+from det_local.sched.life import trialexit
+from det_local.sched.life.ckpt_gc import CheckpointGC
+from det_local.sched.life.experiments import (
     ExperimentRun,
     TrialRun,
     checkpoint_dir_for,
     load_experiment,
     searcher_snapshot,
 )
-from det_local.sched.gangs import MEMBER, GangShares
-from det_local.sched.inventory import LocalInventory
-from det_local.sched.jobqueue import TRIAL, JobQueue, check_priority
-from det_local.sched.launcher import LocalLauncher
-from det_local.sched.policy import check_request
-from det_local.sched.privatestart import prepare_private
-from det_local.sched.reports import Reports
+from det_local.sched.queue.inventory import LocalInventory
+from det_local.sched.queue.jobqueue import TRIAL, JobQueue, check_priority
+from det_local.sched.queue.policy import check_request
 from det_local.sched.restart import recover
+from det_local.sched.run import cgroups
+from det_local.sched.run.commands import Commands
+from det_local.sched.run.launcher import LocalLauncher
+from det_local.sched.run.privatestart import prepare_private
+from det_local.sched.run.runas import identity, uid_of
+from det_local.sched.run.supervisor import Exit, Supervisor
+from det_local.sched.run.trialstart import StartFailed, TrialStarter
+from det_local.sched.sessions import unmanaged
+from det_local.sched.sessions.reports import Reports
+from det_local.sched.sessions.trialmessages import handle as handle_message
+from det_local.sched.sessions.trialserver import TrialServer, send
 from det_local.sched.settings import DaemonSettings, load_settings
-from det_local.sched.spool import Request
-from det_local.sched.spoolserver import SpoolServer
-from det_local.sched.submission import record_experiment
-from det_local.sched.supervisor import Exit, Supervisor
-from det_local.sched.trialmessages import handle as handle_message
-from det_local.sched.trialserver import TrialServer, send
-from det_local.sched.trialstart import StartFailed, TrialStarter
-from det_local.sched.users import identity, uid_of
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
@@ -81,7 +88,7 @@ class Engine:
         daemon: bool = False,
         offline: bool = False,
     ) -> None:
-        from det_local.sched import slots
+        from det_local.sched.queue import hardware as slots
 
         self.paths = paths.ensure()
         self.daemon = daemon
@@ -306,7 +313,7 @@ class Engine:
         self.spool.log_safely(message, level)
 
     def apply_request(self, req: Request) -> dict[str, Any]:
-        """A spool request's answer (`sched/dispatch.py`)."""
+        """A spool request's answer (`sched/intake/dispatch.py`)."""
         return apply_request(self, req)
 
     # ================================================================== experiments
@@ -330,7 +337,7 @@ class Engine:
         With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
         twice: one batch + validation + checkpoint, then a fresh process that restores that
         checkpoint and trains one more batch."""
-        from det_local.sched.userfiles import check_umask, current_umask
+        from det_local.sched.run.userfiles import check_umask, current_umask
 
         # the submitter's umask: its trials run with it (a local run: this process's own)
         umask = current_umask() if umask is None and uid is None else check_umask(umask)
@@ -373,7 +380,7 @@ class Engine:
         return exp_id
 
     def _cpu_slots_remedy(self, slots: int) -> str | None:
-        from det_local.sched.slots import cpu_slots_remedy
+        from det_local.sched.queue.hardware import cpu_slots_remedy
 
         configured = self.settings.cpu_slots is not None
         return cpu_slots_remedy(
@@ -424,7 +431,7 @@ class Engine:
 
     def experiment_stopped(self, experiment_id: int) -> None:
         """No trial of the experiment runs now (it ended or paused): what the launcher keeps
-        for it goes (its zygote, `sched/zygotes.py`)."""
+        for it goes (its zygote, `sched/warm/zygotes.py`)."""
         self.supervisor.launcher.experiment_stopped(experiment_id)
 
     def save_searcher(self, exp: ExperimentRun) -> None:
@@ -610,7 +617,7 @@ class Engine:
 
     # ================================================================== process exits
     def journal(self, line: str) -> None:
-        """A line in the daemon's log only (job starts and ends: `sched/joblog.py`)."""
+        """A line in the daemon's log only (job starts and ends: `sched/run/joblog.py`)."""
         self._out(f"det-local: {line}")
 
     def _on_job_exit(self, ended: Exit) -> None:
@@ -619,7 +626,7 @@ class Engine:
         job = self.store.jobs.peek(ended.job_id)
         decided = self._job_exited(job, ended)
         if self.daemon:
-            from det_local.sched.joblog import ended as ended_line
+            from det_local.sched.run.joblog import ended as ended_line
 
             self.journal(ended_line(job, ended.code, self.store.jobs.peek(job.id)))
         if decided:

@@ -18,8 +18,8 @@ from det_local.store.paths import Paths
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
-    from det_local.sched.experiments import TrialRun
     from det_local.sched.gangs import GangShares, Placer
+    from det_local.sched.life.experiments import TrialRun
     from det_local.store.jobs import JobRecord
 
 
@@ -111,7 +111,7 @@ class EngineView:
 
     def slot_rows(self) -> list[dict[str, Any]]:
         """This node's slots as `slots --json` gives them (without foreign process lists)."""
-        from det_local.sched.slots import describe, slot_holders
+        from det_local.sched.queue.hardware import describe, slot_holders
 
         rows = describe(self._engine.inventory, slot_holders(self._engine.store.jobs.active()))
         return [{k: v for k, v in row.items() if k != "foreign"} for row in rows]

@@ -30,9 +30,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
-from det_local.sched.experiments import TrialRun, checkpoint_dir_for
-from det_local.sched.rendezvous import Rendezvous
-from det_local.sched.trialplan import TrialFacts, build_trial_plan
+from det_local.sched.life.experiments import TrialRun, checkpoint_dir_for
+from det_local.sched.run.rendezvous import Rendezvous
+from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import State
 
@@ -265,7 +265,7 @@ class GangShares:
     def open_trial_log(self, experiment_id: int, trial_id: int) -> int:
         """The trial's log opened for appending, as its ranks' output is (the submitter's file
         in system mode; never through a link a user put in its place)."""
-        from det_local.sched.users import uid_of
+        from det_local.sched.run.runas import uid_of
 
         engine = self.engine
         uid = engine.owner_uid(experiment_id)
@@ -277,8 +277,8 @@ class GangShares:
     def _open_log(self, path: Path, uid: int, umask: int | None, *, own_dir: bool = False) -> int:
         """own_dir: the log's directory is the user's (a command's job directory), as
         `Commands.start` makes it."""
-        from det_local.sched import userfiles
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import userfiles
+        from det_local.sched.run.runas import identity as identity_of
 
         owner = userfiles.owner_for(identity_of(uid), umask, self.engine.settings.admin_group)
         if own_dir and owner is not None:
@@ -296,7 +296,7 @@ class GangShares:
 
     def remote_command_ended(self, job_id: int, code: int, where: str, lost: str | None) -> None:
         """A command sent whole to a peer has ended there (or the peer was lost)."""
-        from det_local.sched.outcome import describe_exit
+        from det_local.sched.life.outcome import describe_exit
 
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
@@ -422,8 +422,8 @@ class GangShares:
         run = self.relay_run_of(engine.store.jobs.peek(job_id))
         assert run is not None
         token = run.token
-        from det_local.sched import trialstart, userfiles
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import trialstart, userfiles
+        from det_local.sched.run.runas import identity as identity_of
 
         identity = identity_of(job.uid)
         owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
@@ -486,9 +486,9 @@ class GangShares:
         working directory, with a clean environment (the submitter's stays on its machine)
         and this node's slot variables."""
         from det_local.errors import TrialError
-        from det_local.sched import userfiles
-        from det_local.sched.plan import LaunchPlan, base_env
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import userfiles
+        from det_local.sched.run.launchplan import LaunchPlan, base_env
+        from det_local.sched.run.runas import identity as identity_of
 
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
@@ -612,7 +612,7 @@ class GangShares:
                 run.kill_requested = True
 
     def relay_down(self, job_id: int, frame: dict[str, Any]) -> None:
-        from det_local.sched.trialserver import send
+        from det_local.sched.sessions.trialserver import send
 
         run = self.relays.get(job_id)
         if run is None:

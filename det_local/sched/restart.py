@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from det_local.sched import unmanaged
-from det_local.sched.commands import Commands
-from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
 from det_local.sched.gangs import MEMBER, GangShares
-from det_local.sched.jobqueue import TRIAL
-from det_local.sched.launcher import Lost
-from det_local.sched.supervisor import Supervisor
+from det_local.sched.life.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.queue.jobqueue import TRIAL
+from det_local.sched.run.commands import Commands
+from det_local.sched.run.launcher import Lost
+from det_local.sched.run.supervisor import Supervisor
+from det_local.sched.sessions import unmanaged
 from det_local.store.jobs import RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import State, Stopping
 

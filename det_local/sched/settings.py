@@ -48,7 +48,7 @@ class DaemonSettings:
         """auto | v2 | v1 | off: daemon.yaml's cgroups, else DET_LOCAL_CGROUPS, else auto."""
         import os
 
-        from det_local.sched.cgroups import ENV, parse_setting
+        from det_local.sched.run.cgroups import ENV, parse_setting
 
         if self.cgroups is not None:
             return self.cgroups
@@ -147,7 +147,7 @@ def load_settings(path: Path) -> DaemonSettings:
         raise ConfigError(f"slots.cpu_slots in {source}: expected an integer >= 1, found {cpu!r}")
     cgroups: str | None = None
     if "cgroups" in raw:
-        from det_local.sched.cgroups import parse_setting
+        from det_local.sched.run.cgroups import parse_setting
 
         try:
             cgroups = parse_setting(raw["cgroups"], f"cgroups in {source}")

@@ -13,7 +13,7 @@ does not allow) and raises :class:`~det_local.errors.StateError`, naming both st
 in a state is always allowed.
 
 The queue's priorities (:data:`MIN_PRIORITY`..:data:`MAX_PRIORITY`, :data:`DEFAULT_PRIORITY`)
-live with the scheduling policy, in ``det_local/sched/policy.py``.
+live with the scheduling policy, in ``det_local/sched/queue/policy.py``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from det_local.sched import slots as hardware
+from det_local.sched.queue import hardware as hardware
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from det_local import api
-from det_local.sched.taskview import NOTEBOOK
+from det_local.client.taskview import NOTEBOOK
 from det_local.tables import fmt_time
 from det_local.web.html import Html, join, link, page, table, tag
 from det_local.web.pages import duration, html_errors, state_badge
