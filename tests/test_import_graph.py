@@ -1,4 +1,5 @@
-"""No import cycles in det_local, counting imports inside functions too (issue 12, item 6)."""
+"""No import cycles in det_local, counting imports inside functions and under TYPE_CHECKING
+too (issue 12, item 6; issue 26: a type-only circle is a circle of the design all the same)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,13 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
-    """Every det_local module `path` imports, at any depth (functions, TYPE_CHECKING blocks
-    excluded: they never run)."""
+    """Every det_local module `path` imports, at any depth (functions and TYPE_CHECKING blocks
+    included: a Protocol in the lower module breaks a circle, a type-only import does not)."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 out.add(_known(alias.name, modules))

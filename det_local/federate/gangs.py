@@ -30,9 +30,10 @@ import contextlib
 import hashlib
 import hmac
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
@@ -42,7 +43,10 @@ from det_local.sched.run.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
 if TYPE_CHECKING:
-    from det_local.federate.service import Federation
+    from det_local.federate.lending import LendPolicy
+    from det_local.federate.settings import FederationSettings
+    from det_local.federate.transport import Me
+    from det_local.sched.extensions import EngineView
     from det_local.sched.life.experiments import TrialRun
 
 HOLD_S = 30.0  # a RESERVED member without a commit goes back to the queue after this long
@@ -110,10 +114,26 @@ class MemberGang:
     backlog: list[tuple[dict[str, Any], asyncio.Future[Any] | None]] = field(default_factory=list)
 
 
+class GangsHost(Protocol):
+    """What the placer uses of its federation service (`federate/service.py`): this node, its
+    peers, the lending policy, and a way to ask a peer and to run a task on the loop."""
+
+    view: EngineView
+    settings: FederationSettings | None
+    me: Me | None
+    peers: dict[str, Peer]
+    lending: LendPolicy
+    lend_priority_offset: int
+
+    def spawn(self, coro: Awaitable[Any]) -> None: ...
+
+    async def request(self, node: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
 class Gangs:
     """The placer (sched/gangs.py `Placer`), one per federation service."""
 
-    def __init__(self, fed: Federation) -> None:
+    def __init__(self, fed: GangsHost) -> None:
         self.fed = fed
         self.view = fed.view
         self.owned: dict[str, OwnerGang] = {}

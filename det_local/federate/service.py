@@ -45,11 +45,11 @@ from det_local.federate.transport import (
     server_handshake,
 )
 from det_local.sched.extensions import EngineView
+from det_local.sched.gangs import REATTACH_S
 
 GANG_MESSAGES = frozenset([*schema.GANG_SCHEMAS, "blob"])
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
-REATTACH_S = 10.0
 PEERS_EVERY_S = 5.0
 DIAL_TIMEOUT_S = 3.0
 QUERY_TIMEOUT_S = 3.0

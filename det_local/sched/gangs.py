@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
@@ -37,7 +36,15 @@ from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import State
 
 if TYPE_CHECKING:
-    from det_local.sched.engine import Engine
+    from det_local.sched.life.experiments import ExperimentRun
+    from det_local.sched.queue.hardware import Inventory
+    from det_local.sched.queue.jobqueue import JobQueue
+    from det_local.sched.run.commands import Commands
+    from det_local.sched.run.supervisor import Supervisor
+    from det_local.sched.settings import DaemonSettings
+    from det_local.store.db import Store
+    from det_local.store.paths import Paths
+    from det_local.store.private import PrivateFiles
 
 MEMBER = "MEMBER"
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
@@ -98,10 +105,62 @@ class Placer(Protocol):
         """A live peer that lends and has `slots` free now (the most free first), or None."""
 
 
+class GangHost(Protocol):
+    """What gang shares use of the engine (`sched/engine.py` is one): its state and the few
+    operations a share's life needs. Narrow on purpose, like every other component's host."""
+
+    store: Store
+    queue: JobQueue
+    paths: Paths
+    inventory: Inventory
+    supervisor: Supervisor
+    commands: Commands
+    settings: DaemonSettings
+    private: PrivateFiles
+    runs: dict[int, TrialRun]
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    def note(
+        self,
+        message: str,
+        *,
+        experiment_id: int | None = None,
+        trial_id: int | None = None,
+        level: str = "INFO",
+        echo: bool = True,
+    ) -> None: ...
+
+    def experiment(self, experiment_id: int) -> ExperimentRun: ...
+
+    def owner_uid(self, experiment_id: int) -> int | None: ...
+
+    def run_uid(self, run: TrialRun) -> int: ...
+
+    def start_trial(
+        self,
+        job: JobRecord,
+        slots: list[int],
+        run_id: int,
+        *,
+        rendezvous: Any = None,
+        ports: dict[str, int] | None = None,
+    ) -> None: ...
+
+    def adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun: ...
+
+    def gang_exited(self, run: TrialRun, code: int) -> None: ...
+
+    def terminate(self, run: TrialRun) -> None: ...
+
+    def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any: ...
+
+
 class GangShares:
     """The engine's operations on gang shares (owner and member sides)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: GangHost) -> None:
         self.engine = engine
         self.placer: Placer | None = None
         self.relays: dict[int, TrialRun] = {}  # member job id -> its ranks' relay run
@@ -429,14 +488,11 @@ class GangShares:
         owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
         storage = checkpoint_dir_for(engine.paths, config)
 
-        # what _cluster_info reads of a trial record
-        trial = SimpleNamespace(
-            id=int(spec["trial_id"]), seed=int(spec["seed"]), hparams=spec["hparams"]
-        )
+        trial = trialstart.TrialIds(int(spec["trial_id"]), int(spec["seed"]), spec["hparams"])
 
         latest = commit.get("latest_checkpoint")
         steps = int(commit.get("steps_completed") or 0)
-        info = trialstart._cluster_info(
+        info = trialstart.cluster_info(
             engine.paths,
             int(spec["experiment_id"]),
             trial,

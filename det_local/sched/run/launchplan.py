@@ -46,9 +46,6 @@ class LaunchPlan:
         return asdict(self)
 
 
-HARNESS_MODULE = "det_local.trial.harness"
-
-
 # A string entrypoint's shell outlives its command's shutdown: a job is stopped with SIGTERM to
 # its whole process group, and a shell that died at once would end the job's leader, whose
 # group then gets SIGKILL before the command (torchrun, the launchers' supervisor) has stopped

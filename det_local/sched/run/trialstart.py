@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,10 @@ class TrialStarter:
         rec = self.store.get_experiment(exp.id)
         info_dir = self.paths.trial_info_dir(exp.id, trial_id, run_id)
         config = rec.config
-        info = _cluster_info(
+        info = cluster_info(
             self.paths,
             exp.id,
-            trial,
+            TrialIds(trial.id, trial.seed, trial.hparams),
             run_id,
             config,
             slots,
@@ -258,10 +259,19 @@ class TrialStarter:
             )
 
 
-def _cluster_info(
+@dataclass(frozen=True)
+class TrialIds:
+    """What a run's info files say of its trial: its id, seed and hyperparameters."""
+
+    id: int
+    seed: int
+    hparams: dict[str, Any]
+
+
+def cluster_info(
     paths: Paths,
     exp_id: int,
-    trial: Any,
+    trial: TrialIds,
     run_id: int,
     config: dict[str, Any],
     slots: list[int],
@@ -273,7 +283,7 @@ def _cluster_info(
     rendezvous: Rendezvous | None = None,
 ) -> Any:
     """The run's ClusterInfo (what ``det.get_cluster_info()`` reads back inside the trial).
-    ``trial``: anything with ``id``, ``seed`` and ``hparams``. Its RendezvousInfo is the
+    Its RendezvousInfo is the
     rendezvous's addrs, node rank and slot counts; on one machine (None)
     ``(["127.0.0.1"], 0, [len(slots)])``."""
     from det_local.wire.trialinfo import ClusterInfo, RendezvousInfo, ResourcesInfo, TrialInfo
