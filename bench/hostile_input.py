@@ -4,7 +4,7 @@
 
 A root daemon on a temporary home (2 CPU slots), two real users made for the run: MALLORY
 floods it, VICTOR keeps using it. VICTOR's prober (a forked process running as him) times, every
-0.2 s, `det-local experiment list`'s read (api.experiments_json) and a submission (a `true`
+0.2 s, `det-local experiment list`'s read (expviews.experiments_json) and a submission (a `true`
 command through the spool, answered when committed). Phases:
 
   quiet  : 5 s of the prober alone (the baseline);
@@ -120,6 +120,7 @@ class Prober:
 
     def _loop(self, w: int) -> None:
         from det_local import api
+        from det_local.views import experiments as expviews
 
         payload = {
             "argv": ["true"],
@@ -133,7 +134,7 @@ class Prober:
         while True:
             t0 = time.monotonic()
             try:
-                api.experiments_json(all_users=True)
+                expviews.experiments_json(all_users=True)
                 out.write(f"{time.time()} list {time.monotonic() - t0}\n")
             except Exception:  # noqa: BLE001 - a failure is a sample of its own
                 out.write(f"{time.time()} list-failed {time.monotonic() - t0}\n")

@@ -1,5 +1,5 @@
 """The dashboard's cluster, commands and slots pages and their API (det_local/web/cluster.py,
-commands.py; api.cluster_view/peers_json/commands_json), and MetricTable.latest as an index
+commands.py; clusterviews.cluster_view/peers_json/commands_json), and MetricTable.latest as an index
 seek.
 
 The cluster test is a real two-node federation in network namespaces: node 1's daemon runs the

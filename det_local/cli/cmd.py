@@ -101,9 +101,10 @@ def list_commands(
     start and end times."""
     from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.views import cluster as clusterviews
 
     if as_json:
-        print_json(api.commands_json(include_done=show_all))
+        print_json(clusterviews.commands_json(include_done=show_all))
         _hidden_hint(show_all)
         return
     jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
@@ -113,7 +114,7 @@ def list_commands(
         [
             j.id,
             j.state,
-            _exit(j.exit_code, api.ran_on(j)),
+            _exit(j.exit_code, clusterviews.ran_on(j)),
             j.slots_needed,
             j.user,
             fmt_time(j.started_at),
@@ -132,7 +133,7 @@ def list_commands(
         for j in api.open_store().jobs.list(include_done=True)
         if j.kind != "TRIAL" and (j.ended_at is None or j.ended_at > time.time() - 86400)
     ]
-    for line in api.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
+    for line in clusterviews.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
         print(line)
     _hidden_hint(show_all)
 
@@ -143,9 +144,9 @@ def _hidden_hint(show_all: bool) -> None:
         return
     import sys
 
-    from det_local import api
+    from det_local.views import cluster as clusterviews
 
-    ended = api.ended_commands()
+    ended = clusterviews.ended_commands()
     if ended:
         word = "command" if ended == 1 else "commands"
         print(
@@ -193,13 +194,13 @@ def metrics(
 ) -> None:
     """A command's (notebook's, shell's) system metrics as the daemon sampled them: GPU
     utilisation and memory per slot, CPU, memory and disk I/O of its processes."""
-    from det_local import api
     from det_local.cli.history import metrics_table, write_csv
     from det_local.errors import DetLocalError
+    from det_local.views import cluster as clusterviews
 
     if as_json and as_csv:
         raise DetLocalError("--json and --csv: choose one")
-    reports = api.system_metrics(job_id=job_id)
+    reports = clusterviews.system_metrics(job_id=job_id)
     if as_json:
         from det_local.cli.common import print_json
 
