@@ -140,7 +140,7 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
 async def _start_extensions(
     engine: Any, factories: Sequence[ExtensionFactory], log: Callable[[str], None]
 ) -> list[Any]:
-    """The extension seam: each service gets a read-only view of the engine."""
+    """The extension seam: each service gets an EngineView, its door into the engine."""
     from det_local.sched.extensions import EngineView
 
     services = []

@@ -168,7 +168,7 @@ class Engine:
             skip=self._gc_skip,
             note=self.note,
             out=self._out,
-            on_done=self._check_idle,
+            on_done=self.check_idle,
         )
         self.gangs = GangShares(self)  # trials across machines (federate/ places them)
         self.reports = Reports(
@@ -222,7 +222,7 @@ class Engine:
         `retry` reply, so that nothing starts in an engine about to stop; the client then runs
         the request in an engine of its own."""
         while True:
-            self._check_idle()
+            self.check_idle()
             if self._idle.is_set():
                 self.closing = True  # no await since the check: nothing slipped in between
                 self.spool.watch_stop.set()
@@ -272,9 +272,10 @@ class Engine:
 
     def _after_pass(self) -> None:
         self.gangs.offload_waiting()
-        self._check_idle()
+        self.check_idle()
 
-    def _check_idle(self) -> None:
+    def check_idle(self) -> None:
+        """Mark the engine idle (no experiment with a live process or pending work) or busy."""
         active = any(
             self.store.get_experiment(e).state
             in (State.ACTIVE, State.STOPPING_CANCELED, State.STOPPING_PAUSED)
@@ -290,7 +291,15 @@ class Engine:
         else:
             self._idle.clear()
 
-    check_idle = _check_idle
+    def is_idle(self) -> bool:
+        """Whether the engine is idle now (checked, not cached): `wait_idle` would return."""
+        self.check_idle()
+        return self._idle.is_set()
+
+    @property
+    def tasks(self) -> tuple[asyncio.Future[None], ...]:
+        """The engine's own background tasks (spool, trial server, scheduling passes)."""
+        return tuple(self._tasks)
 
     def note(
         self,
@@ -376,7 +385,7 @@ class Engine:
         exp.test_mode = test_mode
         self.add_experiment(exp, owner)
         self.apply(exp, searcher.initial_actions())
-        self._check_idle()
+        self.check_idle()
         return exp_id
 
     def _cpu_slots_remedy(self, slots: int) -> str | None:

@@ -1,10 +1,16 @@
 """Services that run on the daemon's event loop next to the engine (federation, later others).
 
 `sched` imports none of them: the daemon's entry point (`det-local daemon`, in `cli/`) hands
-`run_foreground` a list of factories, and each service gets an `EngineView`: a narrow,
-read-only view of this node (its home, its slots, its queue) and the daemon's log. A service
-may not change the engine's state through the view; what it needs to change later comes as
-new seams here.
+`run_foreground` a list of factories, and each service gets an `EngineView`: its one door into
+the engine, and the daemon's log. The view has two halves, marked in the class:
+
+- reads: this node's home, slots, queue, jobs, runs and usage (nothing changes);
+- changes: what the cluster (`federate/`) does to this node's engine to run a trial across
+  machines: install its placer, hold back / release / reorder queued gang shares, record a
+  share's slots, fail or preempt a gang, append relayed logs, stop an idle command, and the
+  engine's gang-share operations (`gangs`: `sched/gangs.GangShares`: claim, release,
+  launch_owner, enqueue_member, ...). Each change runs on the engine's loop, as the engine's own
+  handlers do; a new kind of change comes as a new, named method here.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ JOB_FIELDS = (
 
 
 class EngineView:
-    """What a service may read of the engine; every method runs on the engine's loop."""
+    """A service's door into the engine: reads, then (below "changes") the state-changing
+    methods the cluster uses. Every method runs on the engine's loop."""
 
     def __init__(self, engine: Engine, log: Callable[[str], None]) -> None:
         self._engine = engine
@@ -151,6 +158,8 @@ class EngineView:
         """The store's usage table (allocations, samples, idle states): the sampler's own."""
         return self._engine.store.usage
 
+    # ------------------------------------------------------------------ changes
+    # (each changes the engine's state; the usage sampler and the cluster call them)
     def stop_idle(self, job: JobRecord, why: str) -> str:
         """End an idle command, notebook or shell (never a trial): as `cmd kill`, with `why`
         as its end message."""
@@ -160,9 +169,13 @@ class EngineView:
         return self._engine.kill_job(job.id)
 
     # ------------------------------------------------------------------ gangs across machines
-    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`)
+    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`): changes,
+    # except the reads job, active_jobs, member_jobs, held_back, gang_spec, command_spec,
+    # context_of, resume_point, trial_run and the check_* methods
     @property
     def gangs(self) -> GangShares:
+        """The engine's gang-share operations (state-changing: claim, release, launch_owner,
+        enqueue_member, ...)."""
         return self._engine.gangs
 
     def install_placer(self, placer: Placer | None, node_id: str = "") -> None:

@@ -464,7 +464,7 @@ async def _connections_closed(engine: Any, timeout: float = 5.0) -> None:
     import asyncio
 
     me = asyncio.current_task()
-    others = [t for t in asyncio.all_tasks() if t is not me and t not in engine._tasks]
+    others = [t for t in asyncio.all_tasks() if t is not me and t not in engine.tasks]
     if others:
         await asyncio.wait(others, timeout=timeout)
 
@@ -517,8 +517,7 @@ class _EngineThread:
         self._ready.set()
         try:
             await self._stop.wait()
-            engine._check_idle()
-            if not engine._idle.is_set():
+            if not engine.is_idle():
                 print(
                     "det-local: this process runs the det-local engine; waiting for the work "
                     "other det-local commands gave it to finish (a `det-local daemon start` "
