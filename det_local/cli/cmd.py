@@ -6,6 +6,7 @@ import typer
 
 from det_local.config.priority import DEFAULT_PRIORITY
 from det_local.config.priority import HELP as PRIORITY_HELP
+from det_local.store.states import JobKind
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
 
@@ -107,7 +108,7 @@ def list_commands(
         print_json(clusterviews.commands_json(include_done=show_all))
         _hidden_hint(show_all)
         return
-    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
+    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != JobKind.TRIAL]
     from det_local.cli.checkpoint import fmt_time
 
     rows = [
@@ -131,7 +132,7 @@ def list_commands(
     recent = [
         j.id
         for j in api.open_store().jobs.list(include_done=True)
-        if j.kind != "TRIAL" and (j.ended_at is None or j.ended_at > time.time() - 86400)
+        if j.kind != JobKind.TRIAL and (j.ended_at is None or j.ended_at > time.time() - 86400)
     ]
     for line in clusterviews.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
         print(line)

@@ -15,6 +15,7 @@ from typing import Any
 from det_local.client.requester import remote_request
 from det_local.sched.daemon import DaemonError, DaemonInfo, read_pid_file, running_daemon
 from det_local.store.paths import Paths
+from det_local.store.states import JobState
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -117,8 +118,8 @@ def status(paths: Paths) -> dict[str, Any]:
             out["loop_lag_ms"] = lag
     store = Store(paths.db, readonly=True)  # a read-only view (empty when nothing ran yet)
     jobs = store.jobs.active()
-    out["queued"] = sum(j.state == "QUEUED" for j in jobs)
-    out["running_jobs"] = sum(j.state == "SCHEDULED" for j in jobs)
+    out["queued"] = sum(j.state == JobState.QUEUED for j in jobs)
+    out["running_jobs"] = sum(j.state == JobState.SCHEDULED for j in jobs)
     out["pending_requests"] = len(list(paths.queue.glob("*.req"))) if paths.queue.exists() else 0
     return out
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 from det_local.store.db import Store
 from det_local.store.logtail import LogTail, follow_async
 from det_local.store.paths import Paths
-from det_local.store.states import State
+from det_local.store.states import CheckpointState, JobState, State
 
 
 class Follower:
@@ -191,7 +191,7 @@ class SearchProgress:
             return "paused"
         if state == State.ACTIVE:
             job = self.store.jobs.for_trial(trial.id)
-            return "running" if job is not None and job.state == "SCHEDULED" else "queued"
+            return "running" if job is not None and job.state == JobState.SCHEDULED else "queued"
         return "running"  # STOPPING_*: its process is still there
 
     def _how_completed(self, trial: Any) -> str:
@@ -292,7 +292,7 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
             shown = ", ".join(f"{k}={_fmt(v)}" for k, v in val.metrics.items())
             lines.append(f"    last validation (steps_completed={val.steps_completed}): {shown}")
         every = store.list_checkpoints(trial_id=t.id)
-        ckpts = [c for c in every if c.state == "COMPLETED"]
+        ckpts = [c for c in every if c.state == CheckpointState.COMPLETED]
         if ckpts:
             last = ckpts[-1]
             lines.append(

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from det_local.store.db import Store
+from det_local.store.states import CheckpointState
 
 SHOWN = 10  # trials in the summary's table
 ERRORS_SHOWN = 3  # failed trials whose message is printed
@@ -51,7 +52,9 @@ def best_checkpoint(store: Store, trial: Any, metric: str | None) -> Any:
     for m in store.list_metrics(trial.id, "validation"):
         if metric is not None and m.metrics.get(metric) == trial.best_validation:
             steps = m.steps_completed
-    ckpts = [c for c in store.list_checkpoints(trial_id=trial.id) if c.state == "COMPLETED"]
+    ckpts = [
+        c for c in store.list_checkpoints(trial_id=trial.id) if c.state == CheckpointState.COMPLETED
+    ]
     at_best = [c for c in ckpts if c.steps_completed == steps]
     return at_best[-1] if at_best else (ckpts[-1] if ckpts else None)
 

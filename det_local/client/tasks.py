@@ -22,6 +22,7 @@ from det_local.launch.ports import free_port
 from det_local.sched.intake.spool import user_name
 from det_local.store.jobs import ENDED
 from det_local.store.paths import Paths
+from det_local.store.states import JobState
 
 WAIT_TICK_S = 0.05
 ANNOUNCE_AFTER_S = 1.0  # a job that starts sooner than this is not said to wait
@@ -64,7 +65,7 @@ def _wait_scheduled(paths: Paths, job_id: int, announce: bool = True) -> dict[st
             store.close()
         if job.state in ENDED:
             raise DetLocalError(f"job {job_id} ended before it started: {job.message or ''}")
-        if job.state == "SCHEDULED" and alloc.exists():
+        if job.state == JobState.SCHEDULED and alloc.exists():
             return dict(json.loads(alloc.read_text()))
         if announce and not told and time.monotonic() - since >= ANNOUNCE_AFTER_S:
             print(_waiting(job_id, job.slots_needed), flush=True)

@@ -26,7 +26,7 @@ from typing import Any
 from det_local.store.db import Store
 from det_local.store.paths import Paths
 from det_local.store.records import json_safe
-from det_local.store.states import State
+from det_local.store.states import CheckpointState, State
 
 STEP_NAMES = (
     "train one batch",
@@ -115,7 +115,9 @@ def build_report(store: Store, paths: Paths, experiment_id: int) -> TestReport:
     train1 = [m for m in metrics if m.run_id == 1 and m.group == "training"]
     val1 = [m for m in metrics if m.run_id == 1 and m.group == "validation"]
     train2 = [m for m in metrics if m.run_id == 2 and m.group == "training"]
-    ckpts = [c for c in store.list_checkpoints(trial_id=trial.id) if c.state == "COMPLETED"]
+    ckpts = [
+        c for c in store.list_checkpoints(trial_id=trial.id) if c.state == CheckpointState.COMPLETED
+    ]
     from det_local.sched.run.trialstart import restore_checkpoint
 
     first_ckpt = restore_checkpoint(store, trial.id)

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
 from det_local.federate.verdict import Seen, Verdict, failed_gang
-from det_local.sched.gangs import MEMBER, REATTACH_S, GangFit, owner_key, share_key
+from det_local.sched.gangs import REATTACH_S, GangFit, owner_key, share_key
 from det_local.sched.run.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
+from det_local.store.states import JobKind
 
 if TYPE_CHECKING:
     from det_local.federate.lending import LendPolicy
@@ -100,7 +101,7 @@ class OwnerGang:
 
 @dataclass
 class MemberGang:
-    """A share of another node's gang run here (its MEMBER job)."""
+    """A share of another node's gang run here (its JobKind.MEMBER job)."""
 
     gang: str
     owner: str
@@ -704,7 +705,7 @@ class Gangs:
 
     def yield_share(self, job: JobRecord, why: str) -> None:
         gang = job.gang or {}
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             mg = self.members.get(str(gang.get("gang")))
             if job.state == RESERVED:
                 self.view.gangs.release(job.id, why)
@@ -1065,7 +1066,7 @@ class Gangs:
             spec = job.gang or {}
             if job.state != SCHEDULED or not self.view.gangs.claim(job.id):
                 continue
-            if job.kind == MEMBER:
+            if job.kind == JobKind.MEMBER:
                 mg = MemberGang(str(spec["gang"]), str(spec["owner"]), job.id, int(spec["run"]))
                 offset = self.view.gangs.member_log(job.id).with_name("log.offset")
                 with contextlib.suppress(OSError, ValueError):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import ConfigError
+from det_local.store.states import JobKind
 
 if TYPE_CHECKING:
     from det_local.sched.run.launcher import Launcher
@@ -75,7 +76,7 @@ class Pools:
     def check_command(self, name: str | None, kind: str, slots: int) -> int:
         """`cmd run --pool NAME`: the pool exists and can run it; the slots it asks of it."""
         self.check_pool(name, "--pool")
-        if kind != "COMMAND":
+        if kind != JobKind.COMMAND:
             raise ConfigError(
                 f"--pool: only `cmd run` runs in a resource pool; {kind.lower()}s run on this "
                 "machine's slots"

@@ -36,7 +36,7 @@ from typing import Any
 
 from det_local.errors import DetLocalError
 from det_local.pools import is_default, load_pools
-from det_local.sched.gangs import MEMBER, GangShares
+from det_local.sched.gangs import GangShares
 from det_local.sched.intake.dispatch import apply_request
 from det_local.sched.intake.spool import Request
 from det_local.sched.intake.spoolserver import SpoolServer
@@ -52,7 +52,7 @@ from det_local.sched.life.experiments import (
     searcher_snapshot,
 )
 from det_local.sched.queue.inventory import LocalInventory
-from det_local.sched.queue.jobqueue import TRIAL, JobQueue, check_priority
+from det_local.sched.queue.jobqueue import JobQueue, check_priority
 from det_local.sched.queue.policy import check_request
 from det_local.sched.restart import recover
 from det_local.sched.run import cgroups
@@ -72,7 +72,7 @@ from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
-from det_local.store.states import State
+from det_local.store.states import JobKind, JobState, State
 
 __all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
@@ -497,7 +497,7 @@ class Engine:
             pooled = not is_default(exp.config.resources.resource_pool)
             fit = None if pooled else self.gangs.fit(size)
             return self.store.jobs.create(
-                kind=TRIAL,
+                kind=JobKind.TRIAL,
                 name=f"{rec.name} (trial {trial_id})",
                 user=rec.user,
                 uid=self.user_ids.get(exp.id, uid_of(rec.user)),
@@ -560,7 +560,7 @@ class Engine:
         if placer is None:  # the federation stopped: the share waits for it
             self.gangs.release(job.id, "the cluster is off")
             self.queue.hold_back[job.id] = "waiting for the cluster (federation is off)"
-        elif job.kind == MEMBER:
+        elif job.kind == JobKind.MEMBER:
             placer.member_started(job)
         else:
             placer.share_started(job)
@@ -576,11 +576,11 @@ class Engine:
 
     def preempt_trial(self, job: JobRecord) -> bool:
         """The policy chose the trial's job as a victim: it checkpoints and requeues."""
-        if job.gang is not None and (job.state == "RESERVED" or job.kind == MEMBER):
+        if job.gang is not None and (job.state == JobState.RESERVED or job.kind == JobKind.MEMBER):
             if self.gangs.placer is None:
                 return False
             self.gangs.placer.yield_share(job, f"job {job.id} is preempted by more important work")
-            return job.state != "RESERVED"  # a released share is back in the queue at once
+            return job.state != JobState.RESERVED  # a released share is back in the queue at once
         run = self.runs.get(job.trial_id or -1)
         if run is None:
             return False
@@ -646,9 +646,9 @@ class Engine:
         self.queue.preempting.discard(ended.job_id)
         if ended.lost is not None and job.trial_id is not None:  # the pool lost it
             self.gangs.peer_lost.setdefault(job.trial_id, f"its run {ended.lost}")
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             self.gangs.member_job_exited(job, ended.code)
-        elif job.kind == TRIAL:
+        elif job.kind == JobKind.TRIAL:
             run = self.runs.get(job.trial_id or -1)
             placer = self.gangs.placer
             if (
@@ -794,7 +794,7 @@ class Engine:
 
     def kill_job(self, job_id: int) -> str:
         job = self.store.jobs.get(job_id)
-        if job.kind == TRIAL:
+        if job.kind == JobKind.TRIAL:
             assert job.experiment_id is not None
             return self.kill(job.experiment_id)
         remote = self.gangs.kill_remote(job)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.store.paths import Paths
+from det_local.store.states import JobKind, JobState
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
@@ -83,7 +84,12 @@ class EngineView:
         kind = "cpu" if self._engine.inventory.source == "cpu" else "gpu"
         if self.node_disabled():  # `cluster node disable`: nothing free for peers
             return 0, total, kind
-        held = {i for j in self._engine.store.jobs.active() if j.state != "QUEUED" for i in j.slots}
+        held = {
+            i
+            for j in self._engine.store.jobs.active()
+            if j.state != JobState.QUEUED
+            for i in j.slots
+        }
         free = set(range(total)) - held - self._engine.slots.disabled  # drained slots too
         return len(free), total, kind
 
@@ -94,7 +100,9 @@ class EngineView:
     def queue_digest(self, top: int = 5) -> dict[str, Any]:
         """Queued and running counts and the first `top` queued jobs as [priority, slots]."""
         jobs = self._engine.store.jobs.active()
-        queued = sorted((j for j in jobs if j.state == "QUEUED"), key=lambda j: (j.priority, j.id))
+        queued = sorted(
+            (j for j in jobs if j.state == JobState.QUEUED), key=lambda j: (j.priority, j.id)
+        )
         return {
             "queued": len(queued),
             "running": len(jobs) - len(queued),
@@ -163,7 +171,7 @@ class EngineView:
     def stop_idle(self, job: JobRecord, why: str) -> str:
         """End an idle command, notebook or shell (never a trial): as `cmd kill`, with `why`
         as its end message."""
-        if job.kind == "TRIAL":
+        if job.kind == JobKind.TRIAL:
             raise ValueError("trials are never stopped for idling")
         self._engine.commands.kill_reasons[job.id] = why
         return self._engine.kill_job(job.id)
@@ -204,7 +212,7 @@ class EngineView:
         found = [
             j
             for j in jobs
-            if j.kind == "MEMBER"
+            if j.kind == JobKind.MEMBER
             and (j.gang or {}).get("gang") == gang
             and (j.gang or {}).get("run") == run
         ]
@@ -243,7 +251,10 @@ class EngineView:
         older = [
             j
             for j in jobs.active()
-            if j.gang is not None and j.id != job_id and key(j) < key(me) and j.state == "QUEUED"
+            if j.gang is not None
+            and j.id != job_id
+            and key(j) < key(me)
+            and j.state == JobState.QUEUED
         ]
         if older:
             last = max(older, key=lambda j: j.position)
@@ -333,7 +344,7 @@ class EngineView:
         """The gang can never be placed as configured (a member refused for good)."""
         engine = self._engine
         job = engine.store.jobs.peek(job_id)
-        if job.state == "RESERVED":
+        if job.state == JobState.RESERVED:
             engine.store.jobs.requeue(job_id)
         assert job.experiment_id is not None and job.trial_id is not None
         engine.fail_trial_start(job.experiment_id, job.trial_id, f"trial {job.trial_id}: {why}")
@@ -342,7 +353,7 @@ class EngineView:
     def preempt_gang(self, job_id: int, why: str) -> None:
         engine = self._engine
         job = engine.store.jobs.peek(job_id)
-        if job.state == "SCHEDULED" and engine.preempt_trial(job):
+        if job.state == JobState.SCHEDULED and engine.preempt_trial(job):
             engine.queue.preempting.add(job_id)
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
@@ -393,10 +404,10 @@ def runs_on(job: JobRecord, me: str) -> str:
     """The nodes a running (or reserved) job's processes are on, comma-separated (`me` is this
     node); "" while it waits or once it has ended. A share of another node's gang (MEMBER)
     runs here; a job sent to an idle peer runs there; a gang runs on its nodes."""
-    if job.state not in ("SCHEDULED", "RESERVED"):
+    if job.state not in (JobState.SCHEDULED, JobState.RESERVED):
         return ""
     gang = job.gang or {}
-    if job.kind == "MEMBER":
+    if job.kind == JobKind.MEMBER:
         return me
     if gang.get("anywhere"):
         return str(gang["anywhere"])

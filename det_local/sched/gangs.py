@@ -33,7 +33,7 @@ from det_local.sched.life.experiments import TrialRun, checkpoint_dir_for
 from det_local.sched.run.rendezvous import Rendezvous
 from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
-from det_local.store.states import State
+from det_local.store.states import JobKind, State
 
 if TYPE_CHECKING:
     from det_local.sched.life.experiments import ExperimentRun
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from det_local.store.paths import Paths
     from det_local.store.private import PrivateFiles
 
-MEMBER = "MEMBER"
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
 # a daemon restart inside this window keeps a gang's running ranks (on every node); the
 # cluster's placer takes adopted shares back, else they are ended this long after the restart
@@ -281,7 +280,7 @@ class GangShares:
             raise DetLocalError(f"job {job_id} is {job.state}, not reserved")
         engine.store.jobs.commit(job_id)
         job = engine.store.jobs.peek(job_id)
-        if job.kind == "COMMAND":  # a command sent whole to a peer: it runs there
+        if job.kind == JobKind.COMMAND:  # a command sent whole to a peer: it runs there
             engine.note(f"command {job_id} runs on {', '.join(rendezvous.addrs)}")
             return
         if job.slots_needed == 0:  # this node runs no ranks: its job only coordinates
@@ -416,7 +415,7 @@ class GangShares:
             ) from None
         jobs = self.engine.store.jobs
         job_id = jobs.create(
-            kind=MEMBER,
+            kind=JobKind.MEMBER,
             name=name,
             user=user,
             uid=uid,
@@ -604,7 +603,7 @@ class GangShares:
     def adopt_owner(self, job: JobRecord) -> None:
         """This node's job of a gang across machines, found running after a restart (its local
         ranks adopted, or none here): the placer takes the gang back."""
-        if job.kind == "TRIAL" and job.slots_needed == 0:
+        if job.kind == JobKind.TRIAL and job.slots_needed == 0:
             self._coordinate(job)  # its run record again (it has no process)
         self._adopted(job, f"gang job {job.id} was running across machines")
 
@@ -632,9 +631,9 @@ class GangShares:
         if job.state != SCHEDULED:
             return
         why = "the cluster did not take it back after the daemon restarted"
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             self.drop_member(job_id, why)
-        elif job.kind == "COMMAND":
+        elif job.kind == JobKind.COMMAND:
             self.remote_command_ended(job_id, 1, "another machine", why)
         else:
             run = engine.runs.get(job.trial_id or -1)
@@ -704,7 +703,7 @@ def gang_key(gang: dict[str, Any]) -> tuple[int, int, str, int]:
 def share_key(job: JobRecord, node: str) -> tuple[int, int, str, int]:
     """A share's place in that order: a member's is its gang's; this node's own trial job's is
     made the way its owner (`node`) sends it in `reserve`."""
-    if job.kind == MEMBER:
+    if job.kind == JobKind.MEMBER:
         return gang_key(job.gang or {})
     return owner_key(job, node)
 

@@ -124,6 +124,25 @@ class JobState(str, enum.Enum):
 
 JOB_ACTIVE = frozenset({JobState.QUEUED, JobState.RESERVED, JobState.SCHEDULED})
 
+
+class JobKind(str, enum.Enum):
+    """What a job runs: a trial's run, a command (or a shell, notebook or TensorBoard: the
+    interactive tasks), or a MEMBER: this node's share of a trial owned by another machine."""
+
+    TRIAL = "TRIAL"
+    COMMAND = "COMMAND"
+    SHELL = "SHELL"
+    NOTEBOOK = "NOTEBOOK"
+    TENSORBOARD = "TENSORBOARD"
+    MEMBER = "MEMBER"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the kinds a command runs as (`sched/run/commands.py`)
+TASK_KINDS = (JobKind.COMMAND, JobKind.SHELL, JobKind.NOTEBOOK, JobKind.TENSORBOARD)
+
 _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # started; ended while waiting (its trial stopped, a command removed); canceled while queued

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     pass
 from det_local.api import open_store, paths
+from det_local.store.states import JobKind, JobState
 
 
 def queue(*, include_done: bool = False, limit: int | None = None) -> list[Any]:
@@ -90,11 +91,11 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
 
     out = []
     for j in open_store().jobs.list(include_done=include_done):
-        if j.kind == "TRIAL":
+        if j.kind == JobKind.TRIAL:
             continue
         d = j.to_json()
         d["argv"] = hide_secrets(j.argv)
-        d["link"] = address(j.kind, j.argv) if j.state == "SCHEDULED" else None
+        d["link"] = address(j.kind, j.argv) if j.state == JobState.SCHEDULED else None
         d["ran_on"] = ran_on(j)
         out.append(d)
     return out
@@ -104,8 +105,8 @@ def ended_commands() -> int:
     """How many commands (every job but trials) have ended: what `cmd list` leaves out
     without --all."""
     jobs = open_store().jobs
-    return sum(1 for j in jobs.list(include_done=True) if j.kind != "TRIAL") - sum(
-        1 for j in jobs.list() if j.kind != "TRIAL"
+    return sum(1 for j in jobs.list(include_done=True) if j.kind != JobKind.TRIAL) - sum(
+        1 for j in jobs.list() if j.kind != JobKind.TRIAL
     )
 
 

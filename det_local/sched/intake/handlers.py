@@ -23,6 +23,7 @@ from det_local.sched.intake.spool import Request
 from det_local.sched.queue.hardware import Inventory
 from det_local.sched.settings import DaemonSettings
 from det_local.store.db import Store
+from det_local.store.states import JobKind
 
 
 class PermissionDenied(DetLocalError):
@@ -83,7 +84,7 @@ class Controls(Protocol):
         user: str,
         uid: int,
         name: str | None = None,
-        kind: str = "COMMAND",
+        kind: JobKind | str = JobKind.COMMAND,
         umask: int | None = None,
         anywhere: bool = False,
         pool: str | None = None,

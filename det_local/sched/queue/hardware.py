@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from det_local.errors import DetLocalError
+from det_local.store.states import JobState
 
 log = logging.getLogger(__name__)
 
@@ -575,7 +576,7 @@ def slot_holders(jobs: Sequence[Any]) -> dict[int, str]:
     the store's active jobs: `slots` and the cluster view show the same words."""
     held: dict[int, str] = {}
     for job in jobs:
-        if job.state != "SCHEDULED":
+        if job.state != JobState.SCHEDULED:
             continue
         who = (
             f"experiment {job.experiment_id} trial {job.trial_id} ({job.user})"

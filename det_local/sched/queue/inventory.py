@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from det_local.sched.queue import hardware as hardware
+from det_local.store.states import JobState
 
 LOCAL_NODE = "local"
 
@@ -129,4 +130,4 @@ def engine_answer(
 
 def our_pids(jobs: Sequence[Any]) -> list[int]:
     """The pids of the jobs the engine runs (theirs are no foreign processes)."""
-    return [j.pid for j in jobs if j.state == "SCHEDULED" and j.pid is not None]
+    return [j.pid for j in jobs if j.state == JobState.SCHEDULED and j.pid is not None]

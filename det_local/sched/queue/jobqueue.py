@@ -19,11 +19,9 @@ from det_local.sched.queue.inventory import LocalInventory
 from det_local.sched.queue.policy import JobView, PolicyConfig, RunningJob, SortedQueue, schedule
 from det_local.sched.settings import DaemonSettings
 from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
+from det_local.store.states import JobKind
 
-TRIAL = "TRIAL"
-COMMAND = "COMMAND"
 # commands of these kinds are started by `shell start`, `notebook start`, `tensorboard start`
-TASK_KINDS = (COMMAND, "SHELL", "NOTEBOOK", "TENSORBOARD")
 PRIORITY_MIN, PRIORITY_MAX = 1, 99
 FOREIGN_RECHECK_S = 2.0  # how often GPUs held by foreign processes are looked at while jobs wait
 
@@ -58,7 +56,7 @@ def view(job: JobRecord) -> JobView:
         position=job.position,
         slots=job.slots_needed,
         group=f"exp:{job.experiment_id}" if job.experiment_id is not None else None,
-        preemptible=job.kind == TRIAL or job.gang is not None,
+        preemptible=job.kind == JobKind.TRIAL or job.gang is not None,
     )
 
 
@@ -170,7 +168,9 @@ class JobQueue:
         preempt = [jobs.jobs[job_id] for job_id in decision.preempt]
         start = [(jobs.jobs[job_id], inv.indices(slots)) for job_id, slots in decision.start]
         for job in preempt:
-            if (job.kind == TRIAL or job.gang is not None) and self.starter.preempt_trial(job):
+            if (job.kind == JobKind.TRIAL or job.gang is not None) and self.starter.preempt_trial(
+                job
+            ):
                 self.preempting.add(job.id)
         for job, slots in start:
             self._start(job, slots)
@@ -193,7 +193,7 @@ class JobQueue:
             )
             self.jobs.reserve(job.id, slots, run_id)
             self.starter.start_gang_share(self.jobs.peek(job.id))
-        elif job.kind == TRIAL:
+        elif job.kind == JobKind.TRIAL:
             assert job.experiment_id is not None and job.trial_id is not None
             run_id = self.next_trial_run(job.trial_id)
             self.jobs.allocate(job.id, slots, run_id)

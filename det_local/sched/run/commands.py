@@ -16,7 +16,7 @@ from collections.abc import Callable
 from det_local.errors import DetLocalError, TrialError
 from det_local.sched.life.outcome import describe_exit
 from det_local.sched.queue import hardware as hardware
-from det_local.sched.queue.jobqueue import COMMAND, TASK_KINDS, check_priority
+from det_local.sched.queue.jobqueue import check_priority
 from det_local.sched.queue.policy import check_request
 from det_local.sched.run import userfiles
 from det_local.sched.run.launchplan import LaunchPlan, thread_env
@@ -25,6 +25,7 @@ from det_local.sched.run.supervisor import Supervisor
 from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
+from det_local.store.states import TASK_KINDS, JobKind
 
 
 class Commands:
@@ -65,7 +66,7 @@ class Commands:
         user: str,
         uid: int,
         name: str | None = None,
-        kind: str = COMMAND,
+        kind: JobKind | str = JobKind.COMMAND,
         umask: int | None = None,
         anywhere: bool = False,
     ) -> int:
@@ -73,6 +74,7 @@ class Commands:
             raise DetLocalError(
                 f"unknown job type {kind!r}; expected one of {', '.join(TASK_KINDS)}"
             )
+        kind = JobKind(kind)  # a request's string, checked above
         if not argv:
             raise DetLocalError(
                 "cmd run: no command given; write it after --, e.g. -- python3 x.py"
@@ -104,7 +106,7 @@ class Commands:
             argv=argv,
             cwd=cwd,
             umask=userfiles.check_umask(umask),
-            anywhere=anywhere and kind == COMMAND,
+            anywhere=anywhere and kind == JobKind.COMMAND,
         )
         # the environment may hold the submitter's secrets: a private file, never the database
         # (written before the request commits; always written: a rolled-back id is reused)
@@ -133,7 +135,7 @@ class Commands:
             return
         threads = self.slot_env(job, env)
         env["DET_LOCAL_JOB_ID"] = str(job.id)
-        if job.kind != COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
+        if job.kind != JobKind.COMMAND:  # `shell/notebook/tensorboard start` wait for it; a command
             self._write_allocation(job, env["CUDA_VISIBLE_DEVICES"], threads)  # has it in its env
         plan = LaunchPlan(
             argv=list(job.argv),

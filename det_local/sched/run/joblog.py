@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from det_local.sched.life.outcome import describe_exit
 from det_local.store.jobs import JobRecord
+from det_local.store.states import JobKind, JobState
 
 NAME_MAX = 60
 
@@ -19,7 +20,7 @@ def what(job: JobRecord) -> str:
     """A job as a person names it, with its owner and slots."""
     if job.trial_id is not None:
         thing = f"trial {job.trial_id} of experiment {job.experiment_id}"
-        if job.kind != "TRIAL":
+        if job.kind != JobKind.TRIAL:
             thing = f"{job.kind.lower()} ({thing})"
     else:
         name = job.name if len(job.name) <= NAME_MAX else job.name[: NAME_MAX - 3] + "..."
@@ -38,9 +39,9 @@ def ended(job: JobRecord, code: int, after: JobRecord | None) -> str:
     line = f"job {job.id} ended: {what(job)}; it {said}"
     if after is None:
         return line
-    if after.state == "QUEUED":
+    if after.state == JobState.QUEUED:
         line += "; queued again"
-    elif after.state == "SCHEDULED":
+    elif after.state == JobState.SCHEDULED:
         line += "; its gang's other ranks are stopping"
     if after.message and not after.message.endswith(said):  # not the same words again
         line += f" ({after.message})"

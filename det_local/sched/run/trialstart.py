@@ -30,7 +30,7 @@ from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.records import CHECKPOINT_DELETED, CheckpointRecord
-from det_local.store.states import State
+from det_local.store.states import CheckpointState, State
 
 INFO_SECRET = "cluster.json"  # holds the run's session token: its owner's eyes only
 
@@ -178,7 +178,9 @@ class TrialStarter:
             warm = trial.warm_start_checkpoint
             return warm, 0
         ckpts = [
-            c for c in self.store.list_checkpoints(trial_id=trial_id) if c.state == "COMPLETED"
+            c
+            for c in self.store.list_checkpoints(trial_id=trial_id)
+            if c.state == CheckpointState.COMPLETED
         ]
         missing: set[str] = set()  # found gone from disk just now
         for ckpt in sorted(ckpts, key=lambda c: (c.steps_completed, c.created_at), reverse=True):
@@ -354,6 +356,6 @@ def restore_checkpoint(store: Store, trial_id: int) -> CheckpointRecord | None:
     """The checkpoint step 3 judges and step 4 restores: the first one the trial recorded (the
     first run's first), or None."""
     for ckpt in store.list_checkpoints(trial_id=trial_id):  # in the order they were recorded
-        if ckpt.state == "COMPLETED":
+        if ckpt.state == CheckpointState.COMPLETED:
             return ckpt
     return None
