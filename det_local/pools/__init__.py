@@ -140,7 +140,7 @@ def load_pools(path: Path) -> Pools:
         raise ConfigError(
             f"resource_pools in {source}: expected a mapping of pool names, found {section!r}"
         )
-    from det_local.sched.settings import check_keys
+    from det_local.config.suggest import check_section_keys
     from det_local.slurm.config import parse_slurm_pool
 
     slurm: dict[str, SlurmPool] = {}
@@ -155,6 +155,6 @@ def load_pools(path: Path) -> Pools:
                 f"resource_pools.{name} in {source}: expected one backend, e.g. "
                 "'slurm: {partition: debug}'"
             )
-        check_keys(f"resource_pools.{name}.", body, _BACKENDS, source)
+        check_section_keys(f"resource_pools.{name}.", body, _BACKENDS, source)
         slurm[name] = parse_slurm_pool(name, body["slurm"], source)
     return Pools(slurm=slurm, source=source)
