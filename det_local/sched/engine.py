@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.pools import is_default, load_pools
@@ -73,6 +73,9 @@ from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.states import JobKind, JobState, State
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 __all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
@@ -328,7 +331,7 @@ class Engine:
     # ================================================================== experiments
     def submit(
         self,
-        cfg: Any,
+        cfg: ExperimentConfig,
         context_src: Path,
         source: str,
         *,
@@ -716,8 +719,8 @@ class Engine:
             send(w, {"t": "preempt"})
         if self.gangs.placer is not None:
             self.gangs.placer.down(run, {"t": "preempt"})
-        timeout = exp.config.preemption_timeout
-        timeout = self.settings.preemption_timeout if timeout is None else float(timeout)
+        configured = exp.config.preemption_timeout
+        timeout = self.settings.preemption_timeout if configured is None else float(configured)
         assert self.loop is not None
         run.timers.append(self.loop.call_later(timeout, self.terminate, run))
 

@@ -36,6 +36,7 @@ from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import JobKind, State
 
 if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
     from det_local.sched.life.experiments import ExperimentRun
     from det_local.sched.queue.hardware import Inventory
     from det_local.sched.queue.jobqueue import JobQueue
@@ -249,7 +250,7 @@ class GangShares:
             trial_id=job.trial_id,
         )
 
-    def check_storage(self, cfg: Any) -> None:
+    def check_storage(self, cfg: ExperimentConfig) -> None:
         """A trial across machines keeps its checkpoints where every machine reads them."""
         storage = cfg.checkpoint_storage
         if storage is None or storage.type != "shared_fs":

@@ -34,7 +34,7 @@ from det_local.store.jobs import RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import JobKind, State, Stopping
 
 
-class Restarting(unmanaged.Engine, Protocol):
+class Restarting(unmanaged.UnmanagedHost, Protocol):
     """What the restart needs of the engine."""
 
     experiments: dict[int, ExperimentRun]

@@ -16,7 +16,7 @@ import os
 import pwd
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
 from det_local.sched.intake.spool import Request
@@ -24,6 +24,9 @@ from det_local.sched.queue.hardware import Inventory
 from det_local.sched.settings import DaemonSettings
 from det_local.store.db import Store
 from det_local.store.states import JobKind
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 
 class PermissionDenied(DetLocalError):
@@ -39,7 +42,7 @@ class Controls(Protocol):
 
     def submit(
         self,
-        cfg: Any,
+        cfg: ExperimentConfig,
         context_src: Path,
         source: str,
         *,

@@ -11,7 +11,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import ContextError, DetLocalError
 from det_local.sched.run import executor
@@ -24,12 +24,15 @@ from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.records import CHECKPOINT_DELETED
 
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
+
 
 def record_experiment(
     store: Store,
     paths: Paths,
     private: PrivateFiles,
-    cfg: Any,
+    cfg: ExperimentConfig,
     context_src: Path,
     source: str,
     *,
@@ -47,6 +50,7 @@ def record_experiment(
     try:
         with executor.acting_as(**identity):
             check_entrypoint(cfg.entrypoint, context_src, source, snapshot=staging)
+        assert cfg.entrypoint is not None  # check_entrypoint refuses a missing one
         # refuses forms this version cannot run (a multi-slot Trial class, launchers)
         entrypoint_argv(
             cfg.entrypoint,
@@ -105,7 +109,7 @@ def snapshot_as(identity: dict[str, Any], src: Path, dest: Path) -> None:
         shutil.rmtree(box, ignore_errors=True)
 
 
-def warm_start(store: Store, cfg: Any) -> str | None:
+def warm_start(store: Store, cfg: ExperimentConfig) -> str | None:
     s = cfg.searcher
     if s.source_checkpoint_uuid:
         usable_checkpoint(store, str(s.source_checkpoint_uuid), "searcher.source_checkpoint_uuid")

@@ -13,7 +13,7 @@ from det_local.sched.sessions import unmanaged
 from det_local.store.states import State, Stopping
 
 
-class Host(unmanaged.Engine, Protocol):
+class ChangesHost(unmanaged.UnmanagedHost, Protocol):
     """What changing an experiment needs of the engine."""
 
     queue: JobQueue
@@ -28,7 +28,7 @@ class Host(unmanaged.Engine, Protocol):
     def maybe_finish(self, exp: ExperimentRun) -> None: ...
 
 
-def pause(engine: Host, experiment_id: int) -> str:
+def pause(engine: ChangesHost, experiment_id: int) -> str:
     unmanaged.refuse_control(engine, experiment_id, "pause")
     exp = engine.experiment(experiment_id)
     state = engine.store.get_experiment(experiment_id).state
@@ -62,7 +62,7 @@ def pause(engine: Host, experiment_id: int) -> str:
     return f"experiment {experiment_id} paused"
 
 
-def activate(engine: Host, experiment_id: int) -> str:
+def activate(engine: ChangesHost, experiment_id: int) -> str:
     unmanaged.refuse_control(engine, experiment_id, "activate")
     exp = engine.experiment(experiment_id)
     state = engine.store.get_experiment(experiment_id).state
@@ -85,7 +85,7 @@ def activate(engine: Host, experiment_id: int) -> str:
     return f"experiment {experiment_id} activated"
 
 
-def kill(engine: Host, experiment_id: int) -> str:
+def kill(engine: ChangesHost, experiment_id: int) -> str:
     unmanaged.refuse_control(engine, experiment_id, "kill")
     exp = engine.experiment(experiment_id)
     state = engine.store.get_experiment(experiment_id).state
@@ -106,7 +106,7 @@ def kill(engine: Host, experiment_id: int) -> str:
     return f"experiment {experiment_id} killed"
 
 
-def set_labels(engine: Host, experiment_id: int, add: str | None, remove: str | None) -> str:
+def set_labels(engine: ChangesHost, experiment_id: int, add: str | None, remove: str | None) -> str:
     labels = set(engine.store.get_experiment(experiment_id).labels)
     if add:
         labels.add(add)
@@ -118,7 +118,7 @@ def set_labels(engine: Host, experiment_id: int, add: str | None, remove: str | 
     return f"experiment {experiment_id} labels: {', '.join(sorted(labels)) or '(none)'}"
 
 
-def searcher_failed(engine: Host, exp: ExperimentRun, trial_id: int, why: str) -> None:
+def searcher_failed(engine: ChangesHost, exp: ExperimentRun, trial_id: int, why: str) -> None:
     """The searcher cannot go on (a report it needs is missing): the experiment ends in
     ERROR; running trials checkpoint and stop; what they reported stays recorded."""
     message = f"trial {trial_id}: {why}"

@@ -14,13 +14,16 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.search import Searcher, make_searcher
 from det_local.search.actions import Shutdown
 from det_local.store.db import Store
 from det_local.store.paths import Paths
 from det_local.store.states import Stopping, check_stopping
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Notes(Protocol):
 @dataclass
 class ExperimentRun:
     id: int
-    config: Any  # det_local.config.ExperimentConfig
+    config: ExperimentConfig
     searcher: Searcher
     checkpoint_dir: Path
     trial_of: dict[str, int] = field(default_factory=dict)  # request id -> trial id

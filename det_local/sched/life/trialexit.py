@@ -26,7 +26,7 @@ from det_local.store.private import PrivateFiles
 from det_local.store.states import State, Stopping
 
 
-class Host(Notes, Protocol):
+class TrialExitHost(Notes, Protocol):
     """What a trial's exit needs of the engine."""
 
     store: Store
@@ -49,7 +49,7 @@ class Host(Notes, Protocol):
     def experiment_stopped(self, experiment_id: int) -> None: ...
 
 
-def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
+def trial_exited(engine: TrialExitHost, run: TrialRun, code: int) -> None:
     """The trial's process group is gone (reaped by the queue): decide what it means."""
     for t in run.timers:
         t.cancel()
@@ -152,7 +152,7 @@ def trial_exited(engine: Host, run: TrialRun, code: int) -> None:
     engine.check_idle()
 
 
-def _wait_for_promotion(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool:
+def _wait_for_promotion(engine: TrialExitHost, exp: ExperimentRun, run: TrialRun) -> bool:
     """Promotion-based ASHA (<=0.37): a trial that ran out of operations but is not closed
     waits, without a process, until the searcher promotes it (a new operation: it resumes
     from its checkpoint) or closes it. False when it is simply done."""
@@ -167,7 +167,7 @@ def _wait_for_promotion(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool
     return True
 
 
-def _test_mode_restore(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool:
+def _test_mode_restore(engine: TrialExitHost, exp: ExperimentRun, run: TrialRun) -> bool:
     """Test mode, after the first run: restore its checkpoint in a fresh process and train
     one more batch (an operation one batch longer for Core API scripts). False when there is
     nothing to restore, which ends the test (the report names the missing step)."""
@@ -184,7 +184,7 @@ def _test_mode_restore(engine: Host, exp: ExperimentRun, run: TrialRun) -> bool:
     return True
 
 
-def finish_if_done(engine: Host, exp: ExperimentRun) -> None:
+def finish_if_done(engine: TrialExitHost, exp: ExperimentRun) -> None:
     if any(r.experiment_id == exp.id for r in engine.runs.values()):
         return
     if exp.stopping is None and any(j.experiment_id == exp.id for j in engine.store.jobs.active()):

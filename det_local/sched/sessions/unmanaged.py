@@ -64,7 +64,7 @@ def mark(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "internal": internal}
 
 
-class Engine(Notes, Protocol):
+class UnmanagedHost(Notes, Protocol):
     """What unmanaged runs need of the engine."""
 
     store: Store
@@ -87,7 +87,7 @@ class Engine(Notes, Protocol):
 
 
 # ---------------------------------------------------------------------- the request
-def start(engine: Engine, payload: dict[str, Any], *, user: str, uid: int) -> dict[str, Any]:
+def start(engine: UnmanagedHost, payload: dict[str, Any], *, user: str, uid: int) -> dict[str, Any]:
     """Record the experiment and its trial, register the run awaiting its hello, write the
     token file; the answer names ids and paths only."""
     from det_local.config import parse_config
@@ -195,7 +195,7 @@ def _single(searcher: Any) -> Any:
     return {"name": "single", **{k: searcher[k] for k in kept if k in searcher}}
 
 
-def write_token(engine: Engine, trial_id: int, run_id: int, token: str, uid: int) -> Path:
+def write_token(engine: UnmanagedHost, trial_id: int, run_id: int, token: str, uid: int) -> Path:
     """The token, readable by its requester only: a new file (never an existing name, never a
     link) in a directory that only the engine's user may write."""
     path = engine.paths.unmanaged_token(trial_id, run_id)
@@ -217,7 +217,7 @@ def write_token(engine: Engine, trial_id: int, run_id: int, token: str, uid: int
     return path
 
 
-def _remove_token(engine: Engine, run: TrialRun) -> None:
+def _remove_token(engine: UnmanagedHost, run: TrialRun) -> None:
     try:
         engine.paths.unmanaged_token(run.trial_id, run.run_id).unlink()
     except OSError:
@@ -225,7 +225,9 @@ def _remove_token(engine: Engine, run: TrialRun) -> None:
 
 
 # ---------------------------------------------------------------------- the socket
-def hello(engine: Engine, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
+def hello(
+    engine: UnmanagedHost, msg: dict[str, Any], writer: asyncio.StreamWriter
+) -> TrialRun | None:
     """An unmanaged process connects: its token, and its peer uid (SO_PEERCRED), must match."""
     from det_local.sched.sessions.trialserver import peer_creds
     from det_local.sched.sessions.trialserver import send as _write
@@ -257,7 +259,7 @@ def hello(engine: Engine, msg: dict[str, Any], writer: asyncio.StreamWriter) -> 
     return run
 
 
-def on_end(engine: Engine, run: TrialRun, msg: dict[str, Any]) -> None:
+def on_end(engine: UnmanagedHost, run: TrialRun, msg: dict[str, Any]) -> None:
     """`unmanaged_end`: the process ends its trial (close(), its exit, its exception)."""
     state = _STATES.get(str(msg.get("state")))
     if state is None:
@@ -266,7 +268,7 @@ def on_end(engine: Engine, run: TrialRun, msg: dict[str, Any]) -> None:
     end(engine, run, state, reason)
 
 
-def disconnected(engine: Engine, run: TrialRun) -> None:
+def disconnected(engine: UnmanagedHost, run: TrialRun) -> None:
     """Its last connection closed: without an `unmanaged_end` first, the process is gone."""
     if engine.unmanaged.get(run.trial_id) is not run or run.writers:
         return
@@ -279,7 +281,7 @@ def disconnected(engine: Engine, run: TrialRun) -> None:
     )
 
 
-def _never_connected(engine: Engine, run: TrialRun) -> None:
+def _never_connected(engine: UnmanagedHost, run: TrialRun) -> None:
     if engine.unmanaged.get(run.trial_id) is run and not run.writers:
         end(
             engine,
@@ -290,7 +292,7 @@ def _never_connected(engine: Engine, run: TrialRun) -> None:
         )
 
 
-def end(engine: Engine, run: TrialRun, state: State, message: str | None) -> None:
+def end(engine: UnmanagedHost, run: TrialRun, state: State, message: str | None) -> None:
     """Record the end of the trial, then of its experiment (through the searcher, which shuts
     down once its one trial has exited)."""
     if engine.unmanaged.get(run.trial_id) is not run:
@@ -317,7 +319,7 @@ def end(engine: Engine, run: TrialRun, state: State, message: str | None) -> Non
 
 
 # ---------------------------------------------------------------------- elsewhere
-def refuse_control(engine: Engine, experiment_id: int, action: str) -> None:
+def refuse_control(engine: UnmanagedHost, experiment_id: int, action: str) -> None:
     """pause/activate/kill of a live unmanaged experiment: det-local cannot stop or start its
     process, so it says which process to stop."""
     rec = engine.store.get_experiment(experiment_id)
@@ -332,7 +334,7 @@ def refuse_control(engine: Engine, experiment_id: int, action: str) -> None:
     )
 
 
-def settle_after_restart(engine: Engine, experiment_id: int) -> bool:
+def settle_after_restart(engine: UnmanagedHost, experiment_id: int) -> bool:
     """At engine start: an unmanaged experiment still ACTIVE lost its process's connection (the
     engine stopped meanwhile); its trials end ERROR, and nothing is started for them. False for
     other experiments."""

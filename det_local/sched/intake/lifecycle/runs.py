@@ -29,7 +29,7 @@ from det_local.store.records import CheckpointRecord
 from det_local.store.states import CHECKPOINT_DOWNLOADABLE, CheckpointState, State
 
 
-class Engine(trialexit.Host, Protocol):
+class RunsHost(trialexit.TrialExitHost, Protocol):
     """What these requests need of the engine beyond `handlers.Controls`."""
 
     paths: Paths
@@ -45,8 +45,8 @@ class Engine(trialexit.Host, Protocol):
     gc: CheckpointGC
 
 
-def _engine(c: Controls) -> Engine:
-    return cast(Engine, c)
+def _engine(c: Controls) -> RunsHost:
+    return cast(RunsHost, c)
 
 
 def _owner_identity(c: Controls, experiment_id: int) -> dict[str, Any]:
