@@ -25,7 +25,6 @@ KNOWN: dict[str, int] = {
     "det_local/federate/service.py": 801,
     "det_local/federate/blobs.py": 655,
     "det_local/sched/engine.py": 873,
-    "det_local/sched/gangs.py": 713,
 }
 
 

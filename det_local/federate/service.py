@@ -45,7 +45,7 @@ from det_local.federate.transport import (
     server_handshake,
 )
 from det_local.sched.extensions import EngineView
-from det_local.sched.gangs import REATTACH_S
+from det_local.sched.gangseam import REATTACH_S
 
 GANG_MESSAGES = frozenset([*schema.GANG_SCHEMAS, "blob"])
 HEARTBEAT_S = 1.0

@@ -25,7 +25,8 @@ from det_local.store.states import JobKind, JobState
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
-    from det_local.sched.gangs import GangShares, Placer
+    from det_local.sched.gangs import GangShares
+    from det_local.sched.gangseam import Placer
     from det_local.sched.life.experiments import TrialRun
     from det_local.store.jobs import JobRecord
 
@@ -239,7 +240,7 @@ class EngineView:
 
     def behind_older_gangs(self, job_id: int) -> None:
         """Move a queued gang share behind every queued share of an older gang."""
-        from det_local.sched.gangs import share_key
+        from det_local.sched.gangseam import share_key
 
         jobs = self._engine.store.jobs
         me = jobs.peek(job_id)

@@ -16,7 +16,7 @@ twice:
 * **unmanaged** (core_v2) runs lost their process's connection: they end ERROR;
 * **a gang across machines** (a share of this node's trial, or of a peer's): its running
   ranks are adopted too, and the cluster's placer takes the gang back once the other nodes
-  are heard (within `sched/gangs.REATTACH_S`); a share nobody takes back is ended (a trial
+  are heard (within `sched/gangseam.REATTACH_S`); a share nobody takes back is ended (a trial
   is then requeued from its latest checkpoint, as after a lost machine).
 """
 
