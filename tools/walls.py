@@ -22,7 +22,7 @@ KNOWN: dict[str, int] = {
     "det_local/trial/pytorch": 23,
     "det_local/cli": 22,
     "det_local/federate/gangs.py": 1165,
-    "det_local/federate/service.py": 801,
+    "det_local/federate/service.py": 822,
     "det_local/federate/blobs.py": 655,
     "det_local/sched/engine.py": 873,
 }
