@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from det_local.config.priority import DEFAULT_PRIORITY
 from det_local.errors import DetLocalError
+from det_local.priority import DEFAULT_PRIORITY
 from det_local.sched.queue.policy import (
     Decision,
     JobView,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from det_local.config.priority import DEFAULT_PRIORITY
-from det_local.config.priority import HELP as PRIORITY_HELP
-from det_local.store.states import JobKind
+from det_local.priority import DEFAULT_PRIORITY
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
 
@@ -102,6 +101,7 @@ def list_commands(
     start and end times."""
     from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.store.states import JobKind
     from det_local.views import cluster as clusterviews
 
     if as_json:

@@ -11,7 +11,7 @@ from det_local.cli import attach, history
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
-from det_local.config.priority import HELP as PRIORITY_HELP
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(
     no_args_is_help=True,

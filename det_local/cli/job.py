@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from det_local.config.priority import HELP as PRIORITY_HELP
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The job queue.")
 

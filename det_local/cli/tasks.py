@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from det_local.config.priority import DEFAULT_PRIORITY
-from det_local.config.priority import HELP as PRIORITY_HELP
+from det_local.priority import DEFAULT_PRIORITY
+from det_local.priority import HELP as PRIORITY_HELP
 
 shell_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Interactive shells.")
 notebook_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Jupyter notebooks.")

@@ -13,7 +13,7 @@ Rules
 -----
 
 1. **Order (priority mode).** Queued jobs are considered in ``(priority, position, id)``
-   order: priority 1-99, lower number = more important (default 42; ``config/priority.py``
+   order: priority 1-99, lower number = more important (default 42; ``priority.py``
    defines the bounds and the default); among equal priorities
    the earliest submitted (smallest ``position``) goes first. :func:`queue_order` returns
    that order.
