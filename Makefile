@@ -7,9 +7,10 @@ gpu-check:
 	python bench/gpu_check.py
 
 lint:
-	ruff check det_local tests bench examples
-	ruff format --check det_local tests bench examples
+	ruff check det_local tests bench examples tools
+	ruff format --check det_local tests bench examples tools
 	mypy det_local
+	python tools/walls.py
 
 bench:
 	python bench/cli_startup.py

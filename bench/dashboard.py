@@ -165,11 +165,11 @@ def main() -> None:
             timed([*cli, "trial", "metrics", str(hot), "--group", "training", "--json"], env)
             for _ in range(3)
         )
-        from det_local import api
+        from det_local.views import experiments as expviews
 
         t0 = time.perf_counter()
         for _ in range(20):
-            api.trial_progress(hot)
+            expviews.trial_progress(hot)
         poll_ms = (time.perf_counter() - t0) * 1000 / 20
 
     print(f"{os.cpu_count()} cpus; store filled in {fill_s:.1f} s; medians of {args.runs}")

@@ -4,7 +4,7 @@
 
 A root daemon on a temporary home (2 CPU slots), two real users made for the run: MALLORY
 floods it, VICTOR keeps using it. VICTOR's prober (a forked process running as him) times, every
-0.2 s, `det-local experiment list`'s read (api.experiments_json) and a submission (a `true`
+0.2 s, `det-local experiment list`'s read (expviews.experiments_json) and a submission (a `true`
 command through the spool, answered when committed). Phases:
 
   quiet  : 5 s of the prober alone (the baseline);
@@ -120,6 +120,7 @@ class Prober:
 
     def _loop(self, w: int) -> None:
         from det_local import api
+        from det_local.views import experiments as expviews
 
         payload = {
             "argv": ["true"],
@@ -133,7 +134,7 @@ class Prober:
         while True:
             t0 = time.monotonic()
             try:
-                api.experiments_json(all_users=True)
+                expviews.experiments_json(all_users=True)
                 out.write(f"{time.time()} list {time.monotonic() - t0}\n")
             except Exception:  # noqa: BLE001 - a failure is a sample of its own
                 out.write(f"{time.time()} list-failed {time.monotonic() - t0}\n")
@@ -216,7 +217,7 @@ def drop_bombs(n: int) -> list[float]:
     """As MALLORY: N request files written at once, then each answer's round trip (s)."""
     from det_local import api
     from det_local.errors import DetLocalError
-    from det_local.sched import spool
+    from det_local.sched.intake import spool
 
     paths = api.paths()
     ids = []
@@ -239,7 +240,7 @@ def drop_bombs(n: int) -> list[float]:
 
 def send_frames(env: dict[str, str], k: int) -> list[Any]:
     """As MALLORY's trial: K sessions, each sending the 16 MiB bomb; the daemon's answers."""
-    from det_local import rpc
+    from det_local.wire import rpc
 
     out = []
     for _ in range(k):
@@ -275,7 +276,7 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
     import psutil
 
     from det_local import api
-    from det_local.sched import spool
+    from det_local.sched.intake import spool
 
     ctx = Path(cwd) / "ctx"
     ctx.mkdir()
@@ -401,10 +402,10 @@ def main() -> None:
     # what the children use, imported before they drop root
     import psutil  # noqa: F401
 
-    import det_local.sched.control  # noqa: F401
-    import det_local.sched.inotify  # noqa: F401
-    from det_local import api, rpc  # noqa: F401
-    from det_local.sched import spool  # noqa: F401
+    import det_local.client.control  # noqa: F401
+    import det_local.sched.intake.inotify  # noqa: F401
+    from det_local import api  # noqa: F401
+    from det_local.sched.intake import spool  # noqa: F401
 
     base = tempfile.mkdtemp(prefix="det-local-hostile-", dir="/tmp")
     os.chmod(base, 0o755)

@@ -6,7 +6,7 @@ Throughput: N `true` jobs on a daemon with DET_LOCAL_CPU_SLOTS=2 on a temporary 
 first submission until the last job finished (the latest `ended_at` the daemon recorded), for
   - the Python API: `det_local.api.control_job("cmd_run", ...)` called N times in a row, each
     call returning the job id (the submitter waits for the daemon's answer, as `cmd run` does);
-  - the same requests pipelined: all N spool files written first (`sched.spool.submit`), then
+  - the same requests pipelined: all N spool files written first (`sched.intake.spool.submit`), then
     every answer collected (reported as det_local_api_pipelined_jobs_s, for the diagnosis);
   - the CLI: `det-local cmd run -- true`, one process per job (--cli-jobs of them);
   - task-spooler: a private server (`tsp -S 2`), `tsp true` N times, then polling `tsp -l` until
@@ -135,7 +135,7 @@ def api_sync(n: int, cwd: str, view: StoreView) -> dict[str, float]:
 
 def api_pipelined(n: int, cwd: str, view: StoreView) -> dict[str, float]:
     from det_local import api
-    from det_local.sched import spool
+    from det_local.sched.intake import spool
 
     p = api.paths()
     t0 = time.time()

@@ -12,7 +12,7 @@
   500 experiments and commands), written through the store's API; median of --runs after one
   warm-up, and its CPU time (user + system: what a loaded machine cannot inflate). Anchors:
   `python3 -c pass` (the floor of any Python CLI) and the report's in-process time
-  (api.usage).
+  (clusterviews.usage).
 
 Targets: sampling_cpu_pct <= 1 (of one core); usage_ms <= 1000.
 The last line printed is one JSON object.
@@ -137,12 +137,12 @@ def _usage(n: int, runs: int) -> dict[str, float]:
         )
         py = median([timed([sys.executable, "-c", "pass"], env) for _ in range(runs)])
         os.environ["DET_LOCAL_HOME"] = home
-        from det_local import api
+        from det_local.views import cluster as clusterviews
 
         inproc = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            rep = api.usage(time.time() - 365 * 86400)
+            rep = clusterviews.usage(time.time() - 365 * 86400)
             inproc.append(time.perf_counter() - t0)
         assert rep["total"]["allocations"] == n, rep["total"]
         return {  # timed() gives milliseconds

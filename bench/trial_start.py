@@ -1,6 +1,6 @@
 """Trial start: how long a Core API trial that imports torch takes from its start to its first
 reported metric, cold (a fresh interpreter) and warm (forked from its experiment's zygote,
-`sched/zygotes.py`), against ``python -c "import torch"`` in the same run.
+`sched/warm/zygotes.py`), against ``python -c "import torch"`` in the same run.
 
 One daemon (one CPU slot). Each round submits two grid searches of --trials trials, one at a
 time (max_concurrent_trials 1): one with warm starts off (``DET_LOCAL_WARM_START=off``), one

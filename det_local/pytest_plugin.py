@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from det_local.sched.testmode import TestReport
+    from det_local.client.testmode import TestReport
 
 
 class TestModeFailed(AssertionError):

@@ -29,7 +29,7 @@ import yaml
 
 from det_local import api
 from det_local.errors import DetLocalError
-from det_local.sched import spool
+from det_local.sched.intake import spool
 from det_local.store.db import Store
 from det_local.store.paths import Paths
 
@@ -484,7 +484,7 @@ def kill_home_processes(home: Path) -> list[int]:
     while not all(gone(pid) for pid in victims) and time.monotonic() < deadline:
         time.sleep(0.01)
     if os.geteuid() == 0:  # the home's job cgroups (a kill -9'd daemon leaves them behind)
-        from det_local.sched.cgroups import remove_home
+        from det_local.sched.run.cgroups import remove_home
 
         remove_home(home)
     return victims
@@ -504,12 +504,13 @@ def _import_before_dropping_root() -> None:
     """Everything the children need is imported before they drop root (they cannot read
     /root): the modules det-local's client calls import lazily, and ctypes (inotify)."""
     import det_local.cli.job
+    import det_local.client.control
+    import det_local.client.daemonctl
+    import det_local.client.embedded
     import det_local.config
-    import det_local.sched.control
     import det_local.sched.daemon
-    import det_local.sched.embedded
     import det_local.sched.engine
-    import det_local.sched.inotify  # noqa: F401  (ctypes: unreadable for the test users)
+    import det_local.sched.intake.inotify  # noqa: F401  (ctypes: unreadable for the test users)
 
 
 # DET_LOCAL_TEST_USERS: a prefix of the accounts' names, so that two checkouts' suites running at

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from det_local.sched.ckpt_gc import Candidate, GcPolicy, candidates_of, collect, select_for_deletion
+from det_local.sched.life.ckpt_gc import (
+    Candidate,
+    GcPolicy,
+    candidates_of,
+    collect,
+    select_for_deletion,
+)
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
 from det_local.store.records import CheckpointRecord
 from det_local.store.states import State
@@ -367,8 +373,9 @@ def test_the_engine_removes_files_off_its_event_loop(
     import asyncio
     import threading
 
-    from det_local.sched import ckpt_gc, spool
     from det_local.sched.engine import Engine
+    from det_local.sched.intake import spool
+    from det_local.sched.life import ckpt_gc
     from det_local.store.paths import Paths
 
     monkeypatch.setenv("DET_LOCAL_HOME", str(tmp_path / "home"))

@@ -11,7 +11,7 @@ import re
 
 from conftest import Env, one_line_error, wait_for
 
-from det_local import api
+from det_local.views import experiments as expviews
 
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
@@ -83,7 +83,7 @@ def test_trial_metrics_table_csv_json_and_the_best_trial(dl: Env) -> None:
     ]
 
     # describe ends with the best trial and its checkpoint
-    best = api.best_trial(1)
+    best = expviews.best_trial(1)
     assert best["checkpoint"] is not None
     r = dl.det("experiment", "describe", 1)
     assert r.rc == 0, r
@@ -212,6 +212,6 @@ def test_slots_cmd_list_and_daemon_log_from_the_daemon(dl: Env) -> None:
 
 
 def _alive(dl: Env) -> bool:
-    from det_local.sched.requester import lock_free
+    from det_local.sched.enginelock import lock_free
 
     return not lock_free(dl.paths)

@@ -17,9 +17,10 @@ import yaml
 from conftest import A, B, Env, Shared, one_line_error, wait_for
 
 from det_local import api
+from det_local.client import attach
 from det_local.errors import DetLocalError
-from det_local.sched import attach
 from det_local.store.states import State
+from det_local.views import logs as logviews
 
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
 
@@ -210,7 +211,7 @@ def test_another_users_private_logs(shared: Shared) -> None:
     assert f"experiment 1's logs belong to {A}, who keeps them private" in msg, msg
     assert "\n" not in msg
     with pytest.raises(DetLocalError) as exc:  # `trial logs` says the same
-        shared.as_user(B, lambda: api.trial_logs(1, io.BytesIO()))
+        shared.as_user(B, lambda: logviews.trial_logs(1, io.BytesIO()))
     assert str(exc.value) == msg
     gate.touch()
 

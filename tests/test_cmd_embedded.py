@@ -14,7 +14,7 @@ import signal
 import psutil
 from conftest import Env, gone, one_line_error, wait_for
 
-from det_local.sched.control import lock_free
+from det_local.sched.enginelock import lock_free
 from det_local.store.states import State
 
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}

@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
-from det_local import rpc
 from det_local.errors import DetLocalError
-from det_local.sched import slots
-from det_local.sched.dispatch import apply_request
-from det_local.sched.experiments import TrialRun
-from det_local.sched.launcher import LocalLauncher, Lost
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.intake.dispatch import apply_request
+from det_local.sched.intake.spool import Request
+from det_local.sched.life.experiments import TrialRun
+from det_local.sched.queue import hardware as slots
+from det_local.sched.run.launcher import LocalLauncher, Lost
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.run.supervisor import Exit, Supervisor
+from det_local.sched.sessions.trialserver import Refused, TrialServer
 from det_local.sched.settings import DaemonSettings
-from det_local.sched.spool import Request
-from det_local.sched.supervisor import Exit, Supervisor
-from det_local.sched.trialserver import Refused, TrialServer
 from det_local.store.db import Store
 from det_local.store.paths import Paths
+from det_local.wire import rpc
 
 
 # ---------------------------------------------------------------------------- request dispatch

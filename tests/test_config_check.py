@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from det_local.sched.plan import STOP_TRAPS
+from det_local.sched.run.launchplan import STOP_TRAPS
 
 CONFIG = """\
 name: cc

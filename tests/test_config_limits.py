@@ -18,7 +18,7 @@ from conftest import write_raw_request as _submit_raw
 from det_local.config import load_config, load_yaml, parse_config
 from det_local.config.limits import MAX_CONFIG_BYTES, MAX_DEPTH
 from det_local.errors import ConfigError, DetLocalError
-from det_local.sched import spool
+from det_local.sched.intake import spool
 
 BASE = (
     "entrypoint: python3 train.py\n"

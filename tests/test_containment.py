@@ -23,7 +23,7 @@ import pytest
 from conftest import A, B, Env, Shared, _submit_raw, gone, kill_home_processes, wait_for
 
 from det_local import api
-from det_local.sched import cgroups, executor
+from det_local.sched.run import cgroups, executor
 from det_local.store.states import State
 
 pytestmark = pytest.mark.skipif(

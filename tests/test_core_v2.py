@@ -14,9 +14,9 @@ from typing import Any
 
 from conftest import COMPAT, REPO, A, B, Env, Shared, gone, wait_for
 
-import det_local.rpc  # noqa: F401  (imported before the system-mode children drop root)
 import det_local.trial.session  # noqa: F401
-from det_local.sched.control import lock_free
+import det_local.wire.rpc  # noqa: F401  (imported before the system-mode children drop root)
+from det_local.sched.enginelock import lock_free
 from det_local.store.states import State
 
 # Written the way Determined's unmanaged examples are: a Config, the singletons, close().
@@ -314,7 +314,7 @@ def test_a_config_det_local_cannot_record_is_one_line(dl: Env) -> None:
 # ---------------------------------------------------------------------------- system mode
 def _ask(payload: dict[str, Any]) -> Any:
     from det_local import api
-    from det_local.sched.control import remote_request
+    from det_local.client.requester import remote_request
 
     return remote_request(api.paths(), "unmanaged", payload)
 
@@ -329,7 +329,7 @@ def _read(path: str) -> str:
 def _hello(answer: dict[str, Any], token: str) -> str:
     import socket
 
-    from det_local import rpc
+    from det_local.wire import rpc
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(answer["socket"])

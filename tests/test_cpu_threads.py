@@ -11,8 +11,8 @@ from typing import Any
 
 from conftest import Env
 
-from det_local.sched.plan import OMP_DEFAULT_MARK, thread_env
-from det_local.sched.slots import SOURCE_CPU, SOURCE_FAKE, Inventory, Slot
+from det_local.sched.queue.hardware import SOURCE_CPU, SOURCE_FAKE, Inventory, Slot
+from det_local.sched.run.launchplan import OMP_DEFAULT_MARK, thread_env
 
 CORES = len(os.sched_getaffinity(0))
 

@@ -23,7 +23,7 @@ from conftest import Env, gone, one_line_error, wait_for
 from conftest import write_raw_request as _write_raw
 
 from det_local.errors import DetLocalError
-from det_local.sched import spool
+from det_local.sched.intake import spool
 from det_local.store.db import Store
 from det_local.store.states import State
 

@@ -1,5 +1,5 @@
 """The dashboard's cluster, commands and slots pages and their API (det_local/web/cluster.py,
-commands.py; api.cluster_view/peers_json/commands_json), and MetricTable.latest as an index
+commands.py; clusterviews.cluster_view/peers_json/commands_json), and MetricTable.latest as an index
 seek.
 
 The cluster test is a real two-node federation in network namespaces: node 1's daemon runs the
@@ -24,8 +24,9 @@ from fednet import Net, namespaces
 from test_federation_gang import two_nodes
 from test_slots import FakeNvml, install, two_h100s
 
-from det_local.sched import slots as hardware
-from det_local.sched.slotview import engine_answer, from_answer
+from det_local.client.slotview import from_answer
+from det_local.sched.queue import hardware as hardware
+from det_local.sched.queue.inventory import engine_answer
 from det_local.store.db import Store
 
 pytest.importorskip("starlette")

@@ -16,7 +16,7 @@ import torch
 from conftest import COMPAT, Env, steps, wait_for
 
 from det_local.errors import ConfigError
-from det_local.sched.plan import check_entrypoint, entrypoint_argv
+from det_local.sched.run.launchplan import check_entrypoint, entrypoint_argv
 from det_local.store.states import State
 
 # Determined's OneVarTrial fixture, trimmed: one weight w (starting at 0) fit to (1, 1) pairs

@@ -22,11 +22,12 @@ import pytest
 from conftest import B, Shared, _submit_raw, wait_for
 from test_security_socket import _start_trial
 
-from det_local import api, rpc
+from det_local import api
 from det_local.errors import DetLocalError
-from det_local.sched import spool
-from det_local.sched.plan import LaunchPlan
-from det_local.sched.zygotes import MAX_SOURCE_BYTES, Cold, WarmSpec, warm_spec
+from det_local.sched.intake import spool
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.warm.zygotes import MAX_SOURCE_BYTES, Cold, WarmSpec, warm_spec
+from det_local.wire import rpc
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="multi-user tests create real users: they need root"

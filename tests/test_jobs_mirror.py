@@ -183,8 +183,8 @@ def test_a_request_rolled_back_leaves_no_trace_in_the_copy(
 ) -> None:
     """requests.py: a request whose answer cannot be recorded (a full disk) is undone; the
     job it created must not stay in the copy (a pass would start a job that does not exist)."""
-    from det_local.sched import spool
     from det_local.sched.engine import Engine
+    from det_local.sched.intake import spool
     from det_local.store.paths import Paths
 
     monkeypatch.setenv("DET_LOCAL_HOME", str(tmp_path / "home"))

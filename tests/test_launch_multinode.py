@@ -20,7 +20,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -30,20 +29,20 @@ from conftest import wait_for
 from det_local.launch import _args, deepspeed, torch_distributed
 from det_local.launch._args import LaunchError
 from det_local.launch.ports import allocate_ports
-from det_local.sched import slots
-from det_local.sched.plan import LaunchPlan
-from det_local.sched.rendezvous import (
+from det_local.sched.queue import hardware as slots
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.run.rendezvous import (
     IFNAME_VARS,
     Rendezvous,
     RendezvousError,
     interface_of,
 )
-from det_local.sched.trialplan import TrialFacts, build_trial_plan
-from det_local.sched.trialstart import _cluster_info, write_info
+from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
+from det_local.sched.run.trialstart import TrialIds, cluster_info, write_info
 from det_local.store.paths import Paths
-from det_local.trial import info as info_module
 from det_local.trial.core import DistributedContext
-from det_local.trial.info import ClusterInfo
+from det_local.wire import trialinfo as info_module
+from det_local.wire.trialinfo import ClusterInfo
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 120
@@ -298,18 +297,18 @@ def test_interface_of() -> None:
 
 def test_cluster_info_carries_the_rendezvous(tmp_path: Path) -> None:
     """What `det.get_cluster_info()` reads back inside the trial (Determined's names)."""
-    trial = SimpleNamespace(id=12, seed=99, hparams={"lr": 0.1})
+    trial = TrialIds(12, 99, {"lr": 0.1})
     paths = Paths(tmp_path / "home")
     rdzv = Rendezvous(["10.1.0.5", "10.1.0.7"], 1, [2, 1], "enp3s0", SECRET)
     args = (paths, 7, trial, 3, CONFIG, [4], "tok", None, 0, [])
-    write_info(_cluster_info(*args, rendezvous=rdzv), tmp_path / "multi", None)
+    write_info(cluster_info(*args, rendezvous=rdzv), tmp_path / "multi", None)
     info = ClusterInfo._from_files(tmp_path / "multi")
     assert info is not None
     assert info.container_addrs == ["10.1.0.5", "10.1.0.7"]
     assert info.container_rank == 1 and info.container_slot_counts == [2, 1]
     assert info.trial._inter_node_network_interface == "enp3s0"
     assert info.slot_ids == [4]
-    write_info(_cluster_info(*args), tmp_path / "single", None)  # the callers of today
+    write_info(cluster_info(*args), tmp_path / "single", None)  # the callers of today
     info = ClusterInfo._from_files(tmp_path / "single")
     assert info is not None
     assert (info.container_addrs, info.container_rank, info.container_slot_counts) == (
@@ -464,9 +463,9 @@ def test_deepspeed_multi_node_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         deepspeed.plan(ok, str(tmp_path))
     # machines of different sizes: the trial's rendezvous.json has every machine's slots
     rdzv = Rendezvous(["10.1.0.5", "10.1.0.7"], 1, [2, 1], None, SECRET)
-    trial = SimpleNamespace(id=12, seed=99, hparams={})
+    trial = TrialIds(12, 99, {})
     args = (Paths(tmp_path / "home"), 7, trial, 3, CONFIG, [0], "tok", None, 0, [])
-    write_info(_cluster_info(*args, rendezvous=rdzv), tmp_path / "info", None)
+    write_info(cluster_info(*args, rendezvous=rdzv), tmp_path / "info", None)
     monkeypatch.setenv("DET_LOCAL_INFO_DIR", str(tmp_path / "info"))
     monkeypatch.setattr(info_module, "_loaded", False)  # get_cluster_info() caches
     monkeypatch.setattr(info_module, "_info", None)
@@ -594,7 +593,7 @@ def _run_nodes(
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "worker.py").write_text(worker)
     procs = []
-    trial = SimpleNamespace(id=12, seed=99, hparams={"lr": 0.1})
+    trial = TrialIds(12, 99, {"lr": 0.1})
     for node, count in enumerate(counts):
         rdzv = _rdzv(node, counts, ifname=ifname or interface_of(LOOPBACK), addrs=addrs)
         info_dir = tmp_path / f"node{node}" / "info"
@@ -610,7 +609,7 @@ def _run_nodes(
         )
         plan = _plan(tmp_path, facts, monkeypatch)
         paths = Paths(tmp_path / "home")
-        info = _cluster_info(
+        info = cluster_info(
             paths, 7, trial, 3, config, facts.slots, facts.token, None, 0, [], rendezvous=rdzv
         )
         write_info(info, info_dir, None)

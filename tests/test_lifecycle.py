@@ -1,6 +1,6 @@
 """What users do after (or during) a run: `trial kill` (one trial of a search; the searcher
 goes on as Determined's does after a trial exited early), `experiment archive|unarchive|
-delete`, `checkpoint delete` (sched/lifecycle/runs.py); and the owner rules for all of them
+delete`, `checkpoint delete` (sched/intake/lifecycle/runs.py); and the owner rules for all of them
 and the registry, from the SDK as from the CLI."""
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def test_sdk_keeps_the_owner_rules(shared: Shared) -> None:
     its trial, nor change their model, through the SDK: the engine refuses, naming the owner."""
     import datetime  # noqa: F401  (what the SDK imports lazily: the users cannot read /root)
 
-    import det_local.sched.plan
-    import det_local.sched.userfiles
+    import det_local.sched.run.launchplan
+    import det_local.sched.run.userfiles
     import det_local.sdk.submit  # noqa: F401
     from det_local.sdk import client
 

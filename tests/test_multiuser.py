@@ -29,11 +29,11 @@ import pytest
 from conftest import ADMIN, ADMIN_GROUP, A, B, Shared, _submit_raw, gone, wait_for
 
 import det_local.cli.job
-import det_local.sched.control
-import det_local.sched.daemon
+import det_local.client.control
+import det_local.client.daemonctl
 from det_local import api
 from det_local.errors import DetLocalError
-from det_local.sched import spool
+from det_local.sched.intake import spool
 from det_local.store.paths import Paths
 from det_local.store.states import State
 
@@ -133,7 +133,7 @@ def test_everyone_sees_all_jobs(shared: Shared) -> None:
     for user in (B, ADMIN):
         listed = shared.as_user(user, job_list)
         assert [(j["id"], j["user"], j["state"]) for j in listed] == [(job, A, "SCHEDULED")]
-    st = shared.as_user(B, lambda: det_local.sched.daemon.status(api.paths()))
+    st = shared.as_user(B, lambda: det_local.client.daemonctl.status(api.paths()))
     assert st["running"] and st["running_jobs"] == 1
     shared.release("a")
 
@@ -215,7 +215,7 @@ def test_only_the_owner_or_an_admin_controls_an_experiment(shared: Shared) -> No
 
 def test_daemon_stop_is_for_root_only(shared: Shared) -> None:
     def stop() -> Any:
-        from det_local.sched.control import remote_request
+        from det_local.client.requester import remote_request
 
         return remote_request(api.paths(), "daemon_stop", {}, timeout=20)
 
@@ -333,8 +333,8 @@ def test_a_trial_runs_as_its_submitter_with_their_identity(shared: Shared) -> No
 def test_checkpoint_gc_removes_files_with_the_owners_rights(accounts: None) -> None:
     """A root daemon removes a user's checkpoints with that user's rights (in a child process:
     the engine's own ids never change): what the user may not delete stays, and says why."""
-    from det_local.sched.ckpt_gc import remove_files
-    from det_local.sched.users import identity as _identity
+    from det_local.sched.life.ckpt_gc import remove_files
+    from det_local.sched.run.runas import identity as _identity
 
     base = Path(tempfile.mkdtemp(prefix="det-local-mu-gc-", dir="/tmp"))
     try:

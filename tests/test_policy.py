@@ -1,4 +1,4 @@
-"""The scheduling policy (det_local/sched/policy.py): one test per rule, plus a small daemon
+"""The scheduling policy (det_local/sched/queue/policy.py): one test per rule, plus a small daemon
 simulation for the multi-pass behaviour, randomised invariants and the speed budget."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from det_local.errors import DetLocalError
-from det_local.sched.policy import (
+from det_local.priority import DEFAULT_PRIORITY
+from det_local.sched.queue.policy import (
     Decision,
     JobView,
     PolicyConfig,
@@ -22,7 +23,6 @@ from det_local.sched.policy import (
     queue_order,
     schedule,
 )
-from det_local.sched.priority import DEFAULT_PRIORITY
 
 PRIO = PolicyConfig()
 PRIO_NOPREEMPT = PolicyConfig(preemption=False)

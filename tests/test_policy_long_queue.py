@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from det_local.sched.policy import (
+from det_local.sched.queue.policy import (
     Decision,
     JobView,
     PolicyConfig,

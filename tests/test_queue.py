@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import Env, gone, one_line_error, steps, wait_for
 
-from det_local.sched.slots import fake_uuid
+from det_local.sched.queue.hardware import fake_uuid
 from det_local.store.db import current_user
 from det_local.store.states import State
 

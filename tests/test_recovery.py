@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import Env, gone, steps, wait_for
 
-from det_local.sched import spool
+from det_local.sched.intake import spool
 from det_local.store.states import State
 
 SIZE = 3

@@ -12,7 +12,7 @@ from typing import Any
 from conftest import Env
 from test_search_engine import ASHA
 
-from det_local.sched.follow import Follower
+from det_local.client.follow import Follower
 from det_local.store.db import Store
 from det_local.store.states import State
 

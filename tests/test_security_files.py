@@ -212,9 +212,9 @@ def test_the_log_is_never_written_through_a_link_or_into_anothers_file(
     link put there, or a hard link to a file of someone else, is refused; nothing of the
     victim changes."""
     from det_local.errors import TrialError
-    from det_local.sched import executor
-    from det_local.sched.plan import LaunchPlan
-    from det_local.sched.users import identity as _identity
+    from det_local.sched.run import executor
+    from det_local.sched.run.launchplan import LaunchPlan
+    from det_local.sched.run.runas import identity as _identity
 
     uid = pwd.getpwnam(A).pw_uid
     tmp_path = Path(tempfile.mkdtemp(prefix="det-local-sf-", dir="/tmp"))  # A can reach it

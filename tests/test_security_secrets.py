@@ -33,11 +33,12 @@ from conftest import A, B, Env, Shared, wait_for
 
 import det_local.cli.cmd
 import det_local.cli.job
-from det_local import api, rpc
-from det_local.sched import spool
-from det_local.sched.plan import COMPAT_DIR
+from det_local import api
+from det_local.sched.intake import spool
+from det_local.sched.run.launchplan import COMPAT_DIR
 from det_local.store.paths import Paths
 from det_local.store.states import State
+from det_local.wire import rpc
 
 DAEMON_SECRET = "daemon-only-" + secrets.token_hex(12)
 AWS_SECRET = "aws-" + secrets.token_hex(16)

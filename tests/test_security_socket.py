@@ -37,10 +37,12 @@ from conftest import ADMIN, A, B, Shared, _submit_raw, wait_for
 
 # everything the children use is imported before they drop root (they cannot read /root)
 import det_local.trial.core._distributed
-from det_local import api, rpc
+from det_local import api
 from det_local.errors import DetLocalError
 from det_local.trial.core._checkpoint import CheckpointContext
 from det_local.trial.session import Session
+from det_local.views import experiments as expviews
+from det_local.wire import rpc
 
 SESSION_LIMIT = 16 << 20  # the daemon's limit on a session's frames (rpc.SESSION_MAX_FRAME)
 
@@ -433,7 +435,7 @@ def test_a_trial_session_acts_only_for_its_own_trial(shared: Shared) -> None:  #
             0.5,
             -math.inf,
         ]  # recorded as reported
-    assert shared.as_user(None, api.best_trial, alice["exp"])["best_validation"] == 0.5
+    assert shared.as_user(None, expviews.best_trial, alice["exp"])["best_validation"] == 0.5
     log = _daemon_log(shared)
     assert f"trial {alice['trial']}: validation metric 'loss' is -inf at steps_completed=2" in log
     assert f"trial {bob['trial']}: validation metric 'acc' is inf at steps_completed=2" in log

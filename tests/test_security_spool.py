@@ -17,7 +17,7 @@ from conftest import A, B, Shared, gone, wait_for
 
 from det_local import api
 from det_local.errors import DetLocalError
-from det_local.sched import spool
+from det_local.sched.intake import spool
 
 CAP = 1000  # backlog.MAX_PENDING_PER_USER (spelt out: this test also runs on the code before)
 
@@ -240,7 +240,7 @@ def test_the_backlog_lists_once_serves_round_robin_and_caps_each_owner(
 ) -> None:
     """Owners set with chown (root), no accounts needed: 3,000 requests of uid 50001 and two
     of uid 50002, the latter's arriving last; a cap of 1,000 per owner."""
-    from det_local.sched.backlog import Backlog
+    from det_local.sched.intake.backlog import Backlog
 
     q = tmp_path / "queue"
     q.mkdir()

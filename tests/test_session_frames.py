@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from det_local import rpc
 from det_local.trial import session as session_mod
 from det_local.trial.session import Session, SessionError
+from det_local.wire import rpc
 
 
 def _report(steps: int, size: int) -> tuple[object, ...]:

@@ -1,4 +1,4 @@
-"""The slot inventory (det_local.sched.slots) and `det-local slots` (det_local.cli.slots).
+"""The slot inventory (det_local.sched.queue.hardware) and `det-local slots` (det_local.cli.slots).
 
 There is no GPU on most test machines, so NVML is replaced by a small fake `pynvml` module
 (installed in sys.modules) that answers like the real bindings; everything else is real:
@@ -24,8 +24,8 @@ import typer
 from typer.testing import CliRunner
 
 from det_local.errors import DetLocalError
-from det_local.sched import slots
-from det_local.sched.slots import (
+from det_local.sched.queue import hardware as slots
+from det_local.sched.queue.hardware import (
     CPU_SLOTS_ENV,
     FAKE_FOREIGN_ENV,
     FAKE_GPUS_ENV,
@@ -519,7 +519,7 @@ def test_cli_invalid_env_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_light_imports() -> None:
     """The CLI module and the inventory module load neither NVML nor psutil."""
     code = (
-        "import sys; import det_local.cli.slots, det_local.sched.slots; "
+        "import sys; import det_local.cli.slots, det_local.sched.queue.hardware; "
         "print(sorted(m for m in ('pynvml', 'psutil', 'torch') if m in sys.modules))"
     )
     out = subprocess.run(

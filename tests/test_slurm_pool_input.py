@@ -13,7 +13,7 @@ import pytest
 import slurmkit
 from conftest import Env, one_line_error
 
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm.config import parse_slurm_pool
 from det_local.slurm.script import Shape, batch_script
 

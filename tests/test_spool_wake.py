@@ -16,7 +16,7 @@ import msgpack
 import pytest
 from conftest import CLI_TIMEOUT, REPO, Env, wait_for
 
-from det_local.sched import inotify, spool
+from det_local.sched.intake import inotify, spool
 from det_local.store.paths import Paths
 
 
@@ -89,7 +89,7 @@ def test_make_durable_keeps_a_waiting_request(tmp_path: Path) -> None:
 
 
 _NO_INOTIFY = (
-    "import det_local.sched.inotify as i\n"
+    "import det_local.sched.intake.inotify as i\n"
     "def _none():\n"
     "    raise OSError(38, 'inotify disabled for this test')\n"
     "i._lib = _none\n"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from det_local.errors import DetLocalError, NotFoundError, StateError
-from det_local.sched.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, check_priority
+from det_local.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, check_priority
 from det_local.store.db import Store
 from det_local.store.records import CheckpointRecord
 from det_local.store.states import (

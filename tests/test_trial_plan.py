@@ -1,5 +1,5 @@
 """One plan per trial run (issue 12, item 2): the plan the engine launches with, and the one
-`config check` shows, come from `sched/trialplan.build_trial_plan`; golden files pin them.
+`config check` shows, come from `sched/run/trialplan.build_trial_plan`; golden files pin them.
 
 Values that vary between machines and runs are placeholders in the golden files: <home>,
 <context>, <python> (the interpreter's directory), <package> (det_local's parent directory),
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import det_local
-from det_local.sched import slots
-from det_local.sched.plan import STOP_TRAPS, LaunchPlan
-from det_local.sched.trialplan import TrialFacts, build_trial_plan
+from det_local.sched.queue import hardware as slots
+from det_local.sched.run.launchplan import STOP_TRAPS, LaunchPlan
+from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
 from det_local.store.paths import Paths
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -145,7 +145,7 @@ def test_config_check_shows_the_plan_the_engine_builds(
 ) -> None:
     """`config check` builds its plan with build_trial_plan: the same env, argv and slots as
     the engine's plan for the same facts, but the port and token placeholders."""
-    from det_local.sched import preview
+    from det_local.client import preview
 
     home = tmp_path / "home"
     monkeypatch.setenv("DET_LOCAL_HOME", str(home))

@@ -1,4 +1,4 @@
-"""Warm trial starts (`sched/zygotes.py`, `trial/zygote.py`): the trials of a search after the
+"""Warm trial starts (`sched/warm/zygotes.py`, `trial/zygote.py`): the trials of a search after the
 first are forked from a zygote that has imported torch, and see exactly what a cold trial sees."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from conftest import Env, wait_for
 
-from det_local.sched.plan import LaunchPlan
-from det_local.sched.zygotes import MAX_OWN_FILES, Cold, WarmSpec, daemon_enabled, warm_spec
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.warm.zygotes import MAX_OWN_FILES, Cold, WarmSpec, daemon_enabled, warm_spec
 
 # Writes what the trial sees to OUT/<trial id>.json, reports once. The first trial waits (bounded)
 # for the zygote to be ready, so that the later ones are forked from it.
@@ -317,7 +317,7 @@ def test_launcher_entrypoint_starts_cold_said_once(dl: Env) -> None:
     assert said == [
         "experiment 1: its trials start cold: its entrypoint is a launcher "
         "(det_local.launch.torch_distributed), whose workers are started by the launcher itself "
-        "as new processes (see sched/zygotes.py)"
+        "as new processes (see sched/warm/zygotes.py)"
     ]
     assert not (dl.home / "run" / "z").exists()
 

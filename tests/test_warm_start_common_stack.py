@@ -1,7 +1,7 @@
 """Warm starts where the common data-science stack is installed (issue 28): scikit-learn imports
 pandas, which imports pyarrow, whose bundled jemalloc starts a background thread at import. The
 zygote switches it off through jemalloc's own configuration (`trial/zygote.py`'s
-``quiet_allocators``; why, in `sched/zygotes.py`), so a search's trials after the first are
+``quiet_allocators``; why, in `sched/warm/zygotes.py`), so a search's trials after the first are
 forked, and a forked trial still sees what a cold one sees."""
 
 from __future__ import annotations

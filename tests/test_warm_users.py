@@ -1,5 +1,5 @@
-"""Warm trial starts for other users' trials under a root daemon (`sched/zygotes.py`,
-`sched/zygotetrust.py`), with real Unix users (`accounts`) running a Python of their own
+"""Warm trial starts for other users' trials under a root daemon (`sched/warm/zygotes.py`,
+`sched/warm/zygotetrust.py`), with real Unix users (`accounts`) running a Python of their own
 (`_userpython.user_python`): a warm trial sees what a cold one sees, the zygote runs as the
 trial's user in a cgroup of its own, another user never reaches it, and a hostile "zygote"
 (any program of the user's on its socket) makes the daemon do nothing but start cold."""
@@ -21,9 +21,10 @@ from conftest import ADMIN, A, B, Env, Shared, gone, wait_for
 from test_warm_start import PER_TRIAL, serial_grid
 
 from det_local import api
-from det_local.sched import spool, zygotetrust
-from det_local.sched.plan import LaunchPlan
-from det_local.sched.zygotes import WarmSpec, ZygotePool, warm_spec
+from det_local.sched.intake import spool
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.sched.warm import zygotetrust
+from det_local.sched.warm.zygotes import WarmSpec, ZygotePool, warm_spec
 from det_local.store.paths import Paths
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs root")
@@ -298,7 +299,7 @@ def test_another_users_trial_never_reaches_the_zygote(
 # socket path and answers a fork request as FAKE_MODE says; records what the daemon sent after.
 FAKE = r"""
 import os, socket, sys, time, json
-from det_local import rpc
+from det_local.wire import rpc
 
 sock_path, daemon_pid = sys.argv[1], int(sys.argv[2])
 mode = os.environ["FAKE_MODE"]

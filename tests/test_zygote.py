@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from det_local import rpc
 from det_local.trial import zygote
+from det_local.wire import rpc
 
 CHECK = r"""
 import json, threading

@@ -1,5 +1,5 @@
 """`det-local experiment logs ID [-f]` and `experiment wait ID`: back to an experiment from any
-shell, after `run --detach`, a Ctrl-C or an `activate` elsewhere (`sched/attach.py`).
+shell, after `run --detach`, a Ctrl-C or an `activate` elsewhere (`client/attach.py`).
 Registered on the experiment group (`cli/experiment.py`)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def experiment_logs(
 ) -> None:
     """Print every trial's output, each line prefixed [trial N]."""
     from det_local import api
-    from det_local.sched import attach
+    from det_local.client import attach
 
     store = api.open_store()
     try:
@@ -58,7 +58,7 @@ def experiment_wait(experiment_id: ExperimentId) -> None:
     import time
 
     from det_local import api
-    from det_local.sched import attach
+    from det_local.client import attach
 
     store = api.open_store()
     started = time.time()

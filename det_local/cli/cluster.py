@@ -126,9 +126,9 @@ def leave(
 @app.command("peers")
 def peers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every node of the cluster, this one included: state, address, slots, version."""
-    from det_local import api
+    from det_local.views import cluster as clusterviews
 
-    view = api.cluster_view()
+    view = clusterviews.cluster_view()
     rows = view["peers"]
     if as_json:
         from det_local.cli.common import print_json

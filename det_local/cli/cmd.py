@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from det_local.sched.priority import DEFAULT_PRIORITY
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.priority import DEFAULT_PRIORITY
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Commands on slots.")
 
@@ -52,7 +52,7 @@ def run(
     import os
 
     from det_local import api
-    from det_local.sched.userfiles import current_umask
+    from det_local.sched.run.userfiles import current_umask
     from det_local.usage.settings import parse_task_config
 
     task_config = parse_task_config(config)
@@ -72,12 +72,12 @@ def run(
         **({"pool": pool} if pool else {}),
     }
     if follow:
-        from det_local.sched.embedded import run_command
+        from det_local.client.embedded import run_command
 
         raise typer.Exit(run_command(api.paths(), payload))
     job_id = api.control_job("cmd_run", payload)
     print(f"Queued command {job_id}", flush=True)
-    from det_local.sched.control import lock_free
+    from det_local.sched.enginelock import lock_free
 
     p = api.paths()
     if lock_free(p):
@@ -101,19 +101,21 @@ def list_commands(
     start and end times."""
     from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.store.states import JobKind
+    from det_local.views import cluster as clusterviews
 
     if as_json:
-        print_json(api.commands_json(include_done=show_all))
+        print_json(clusterviews.commands_json(include_done=show_all))
         _hidden_hint(show_all)
         return
-    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != "TRIAL"]
+    jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != JobKind.TRIAL]
     from det_local.cli.checkpoint import fmt_time
 
     rows = [
         [
             j.id,
             j.state,
-            _exit(j.exit_code, api.ran_on(j)),
+            _exit(j.exit_code, clusterviews.ran_on(j)),
             j.slots_needed,
             j.user,
             fmt_time(j.started_at),
@@ -130,9 +132,9 @@ def list_commands(
     recent = [
         j.id
         for j in api.open_store().jobs.list(include_done=True)
-        if j.kind != "TRIAL" and (j.ended_at is None or j.ended_at > time.time() - 86400)
+        if j.kind != JobKind.TRIAL and (j.ended_at is None or j.ended_at > time.time() - 86400)
     ]
-    for line in api.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
+    for line in clusterviews.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
         print(line)
     _hidden_hint(show_all)
 
@@ -143,9 +145,9 @@ def _hidden_hint(show_all: bool) -> None:
         return
     import sys
 
-    from det_local import api
+    from det_local.views import cluster as clusterviews
 
-    ended = api.ended_commands()
+    ended = clusterviews.ended_commands()
     if ended:
         word = "command" if ended == 1 else "commands"
         print(
@@ -193,13 +195,13 @@ def metrics(
 ) -> None:
     """A command's (notebook's, shell's) system metrics as the daemon sampled them: GPU
     utilisation and memory per slot, CPU, memory and disk I/O of its processes."""
-    from det_local import api
     from det_local.cli.history import metrics_table, write_csv
     from det_local.errors import DetLocalError
+    from det_local.views import cluster as clusterviews
 
     if as_json and as_csv:
         raise DetLocalError("--json and --csv: choose one")
-    reports = api.system_metrics(job_id=job_id)
+    reports = clusterviews.system_metrics(job_id=job_id)
     if as_json:
         from det_local.cli.common import print_json
 

@@ -21,7 +21,7 @@ def check(
 ) -> None:
     """Validate CONFIG, print it with defaults filled in, the search plan (how many trials) and
     the launch plan; runs nothing."""
-    from det_local.sched.preview import preview
+    from det_local.client.preview import preview
 
     result = preview(config, context)
     if as_json:

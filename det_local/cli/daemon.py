@@ -38,7 +38,7 @@ def daemon(ctx: typer.Context) -> None:
 def start() -> None:
     """Start the daemon in the background (logs: DET_LOCAL_HOME/run/daemon.log)."""
     from det_local import api
-    from det_local.sched.daemon import start_background
+    from det_local.client.daemonctl import start_background
 
     info = start_background(api.paths())
     print(f"det-local daemon {info.pid} serving {info.home}")
@@ -48,7 +48,7 @@ def start() -> None:
 def stop() -> None:
     """Stop the daemon. Running jobs keep running and are adopted at the next start."""
     from det_local import api
-    from det_local.sched.daemon import stop as stop_daemon
+    from det_local.client.daemonctl import stop as stop_daemon
 
     print(stop_daemon(api.paths()))
 
@@ -57,7 +57,7 @@ def stop() -> None:
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Whether the daemon runs, its pid, uptime, memory, and the queue's size."""
     from det_local import api
-    from det_local.sched.daemon import status as daemon_status
+    from det_local.client.daemonctl import status as daemon_status
 
     st = daemon_status(api.paths())
     if st["running"]:

@@ -11,7 +11,7 @@ from det_local.cli import attach, history
 from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
 from det_local.cli.group import DetGroup
 from det_local.cli.trial import trials_table
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -84,14 +84,14 @@ def list_experiments(
 ) -> None:
     """List experiments (yours unless --all; archived ones only with --all or --archived),
     oldest first."""
-    from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.views import experiments as expviews
 
     shown = all_users or archived
     if as_json:
-        print_json(api.experiments_json(all_users=all_users, archived=shown))
+        print_json(expviews.experiments_json(all_users=all_users, archived=shown))
         return
-    exps = api.list_experiments(all_users=all_users, archived=shown)  # configs are not read
+    exps = expviews.list_experiments(all_users=all_users, archived=shown)  # configs are not read
     rows = [
         [
             e.id,
@@ -114,14 +114,15 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     """Show an experiment, its trials and its checkpoints."""
     from det_local import api
     from det_local.cli.common import print_json
+    from det_local.views import experiments as expviews
 
     if as_json:
-        print_json(api.experiment_json(experiment_id))
+        print_json(expviews.experiment_json(experiment_id))
         return
     store = api.open_store()
     exp = store.get_experiment(experiment_id)
-    trials = api.ranked_trials(store, experiment_id)
-    rungs = api.trial_rungs(store, experiment_id)
+    trials = expviews.ranked_trials(store, experiment_id)
+    rungs = expviews.trial_rungs(store, experiment_id)
     ckpts = store.list_checkpoints(experiment_id=experiment_id)
     cfg = exp.config
     fields: list[tuple[str, Any]] = [
@@ -138,7 +139,7 @@ def describe(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
         ("Slots/trial", _slots(cfg)),
         ("Context", exp.context_dir),
     ]
-    from det_local.sched.trialstarts import summary
+    from det_local.sched.warm.starttimes import summary
 
     starts = summary((warm, s) for _, _, warm, s in store.list_trial_starts(experiment_id))
     if starts:
@@ -254,8 +255,8 @@ def set_priority(
 @app.command("best")
 def best(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     """The best trial by the searcher metric, and its checkpoint."""
-    from det_local.api import best_trial
     from det_local.cli.common import print_json
+    from det_local.views.experiments import best_trial
 
     b = best_trial(experiment_id)
     if as_json:

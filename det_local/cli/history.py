@@ -36,12 +36,12 @@ def trial_metrics(
     as_csv: CsvFlag = False,
 ) -> None:
     """Every metric report of a trial: steps completed, time and values, oldest first."""
-    from det_local import api
     from det_local.errors import DetLocalError
+    from det_local.views import experiments as expviews
 
     if as_json and as_csv:
         raise DetLocalError("--json and --csv: choose one")
-    reports = api.trial_metrics(trial_id, group)
+    reports = expviews.trial_metrics(trial_id, group)
     if as_json:
         from det_local.cli.common import print_json
 
@@ -107,10 +107,10 @@ def experiment_events(
     as_json: JsonFlag = False,
 ) -> None:
     """What happened to an experiment: pauses, preemptions, restarts, failures, checkpoint GC."""
-    from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.views import experiments as expviews
 
-    events = api.experiment_events(experiment_id)
+    events = expviews.experiment_events(experiment_id)
     if as_json:
         print_json(events)
         return
@@ -130,11 +130,11 @@ def experiment_events(
 def best_lines(experiment_id: int) -> list[str]:
     """The end of `experiment describe`: the best trial by the searcher's metric and its
     checkpoint, or why there is none yet."""
-    from det_local import api
     from det_local.errors import NotFoundError
+    from det_local.views import experiments as expviews
 
     try:
-        best = api.best_trial(experiment_id)
+        best = expviews.best_trial(experiment_id)
     except NotFoundError:
         return ["Best trial: none yet (no trial has validated the searcher's metric)"]
     t = best["trial"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.priority import HELP as PRIORITY_HELP
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The job queue.")
 
@@ -21,18 +21,18 @@ def list_jobs(
     """#, ID, type, name, priority, submitted, slots acquired/needed, state, user."""
     import time
 
-    from det_local import api
     from det_local.cli.common import print_json, table
+    from det_local.views import cluster as clusterviews
 
     if cluster:
         _cluster_jobs(show_all, as_json)
         return
 
     if as_json:
-        print_json(api.jobs_json(include_done=show_all, limit=limit))
+        print_json(clusterviews.jobs_json(include_done=show_all, limit=limit))
         return
-    jobs = api.queue(include_done=show_all, limit=limit)
-    pools = api.job_pools(jobs)
+    jobs = clusterviews.queue(include_done=show_all, limit=limit)
+    pools = clusterviews.job_pools(jobs)
     pooled = any(p != "default" for p in pools.values())  # a Pool column only when it says much
     rows = []
     for i, j in enumerate(jobs):
@@ -46,7 +46,7 @@ def list_jobs(
                 j.priority,
                 submitted,
                 f"{len(j.slots)}/{j.slots_needed}",
-                f"{j.state} (on {peer})" if (peer := api.ran_on(j)) else j.state,
+                f"{j.state} (on {peer})" if (peer := clusterviews.ran_on(j)) else j.state,
                 j.user,
             ]
             + ([_pool_cell(pools[j.id], j)] if pooled else [])

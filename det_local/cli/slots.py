@@ -25,10 +25,10 @@ def slots_command(
         return
     from det_local.api import paths
     from det_local.cli.common import print_json
-    from det_local.sched.slotview import FROM_ENGINE, current
+    from det_local.client.slotview import FROM_ENGINE, current
 
     view = current(paths())
-    from det_local.api import mark_disabled
+    from det_local.views.cluster import mark_disabled
 
     rows = mark_disabled(view.rows())  # `slot disable`: drained, kept across restarts
     if as_json:
@@ -45,10 +45,10 @@ def slots_command(
 
 def _print_pools() -> None:
     """The resource pools besides this machine's slots (daemon.yaml's resource_pools)."""
-    from det_local import api
     from det_local.cli.common import table
+    from det_local.views import cluster as clusterviews
 
-    pools = api.pools_rows()
+    pools = clusterviews.pools_rows()
     if len(pools) > 1:
         print()
         print(table(["Pool", "Kind", "Where"], [[p["pool"], p["kind"], p["where"]] for p in pools]))

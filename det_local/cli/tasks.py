@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from det_local.sched.priority import DEFAULT_PRIORITY
-from det_local.sched.priority import HELP as PRIORITY_HELP
+from det_local.priority import DEFAULT_PRIORITY
+from det_local.priority import HELP as PRIORITY_HELP
 
 shell_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Interactive shells.")
 notebook_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Jupyter notebooks.")
@@ -26,7 +26,7 @@ def shell_start(
 ) -> None:
     """An interactive shell that holds slots (CUDA_VISIBLE_DEVICES set) until it exits."""
     from det_local import api
-    from det_local.sched.tasks import shell
+    from det_local.client.tasks import shell
     from det_local.usage.settings import parse_task_config
 
     extra = parse_task_config(config)
@@ -46,7 +46,7 @@ def notebook_start(
 ) -> None:
     """A JupyterLab server on localhost as a queued job; prints its URL."""
     from det_local import api
-    from det_local.sched.tasks import notebook
+    from det_local.client.tasks import notebook
     from det_local.usage.settings import parse_task_config
 
     extra = parse_task_config(config)
@@ -62,7 +62,7 @@ def tensorboard_start(
 ) -> None:
     """TensorBoard over the experiments' trials on localhost; prints its URL."""
     from det_local import api
-    from det_local.sched.tasks import tensorboard
+    from det_local.client.tasks import tensorboard
 
     job_id, url = tensorboard(api.paths(), experiment_ids)
     print(f"tensorboard (job {job_id}): {url}\nstop it with: det-local cmd kill {job_id}")

@@ -114,9 +114,10 @@ def describe(
     from det_local import api
     from det_local.cli.common import print_json
     from det_local.tables import wrap_lines
+    from det_local.views import experiments as expviews
 
     if as_json:
-        print_json(api.trial_json(trial_id))
+        print_json(expviews.trial_json(trial_id))
         return
     store = api.open_store()
     t = store.get_trial(trial_id)
@@ -186,11 +187,11 @@ def logs(
     ] = None,
 ) -> None:
     """Print a trial's output: every run and rank (rank N's lines start with [rank=N])."""
-    from det_local import api
+    from det_local.views import logs as logviews
 
     out = sys.stdout.buffer
     try:
-        api.trial_logs(trial_id, out, follow=follow, rank=rank, tail=tail)
+        logviews.trial_logs(trial_id, out, follow=follow, rank=rank, tail=tail)
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a follow quietly
     except BrokenPipeError:

@@ -13,13 +13,13 @@ def usage_command(
 ) -> None:
     """Who used the slots: slot-hours (GPU-hours on GPUs) each user's jobs held, and how much
     of them they used (mean utilisation from the daemon's system samples)."""
-    from det_local import api
     from det_local.errors import DetLocalError
     from det_local.usage.report import parse_since
+    from det_local.views import cluster as clusterviews
 
     if as_json and as_csv:
         raise DetLocalError("--json and --csv: choose one")
-    rep = api.usage(parse_since(since), by=by)
+    rep = clusterviews.usage(parse_since(since), by=by)
     if as_json:
         from det_local.cli.common import print_json
 

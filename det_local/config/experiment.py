@@ -20,7 +20,7 @@ from det_local.config.hparams import (
     hparams_to_dict,
     parse_hyperparameters,
 )
-from det_local.config.ignored import warn_ignored
+from det_local.config.ignored import EXCLUDE_NODE, INSTEAD
 from det_local.config.resources import ResourcesConfig, parse_resources
 from det_local.config.searcher import SearcherConfig, parse_searcher
 from det_local.config.storage import CheckpointStorageConfig, parse_checkpoint_storage
@@ -307,3 +307,24 @@ def _warn_deprecated(ctx: Ctx, cfg: ExperimentConfig) -> None:
             "the 'module:TrialClass' form is deprecated in Determined 0.38; it still runs "
             "(through the torch_distributed launcher)",
         )
+
+
+def warn_ignored(ctx: Ctx, cfg: ExperimentConfig) -> None:
+    """One `ctx.warn` per key of INSTEAD the config sets, and per exclude_node log policy."""
+    set_keys = {
+        "bind_mounts": bool(cfg.bind_mounts),
+        "resources.devices": bool(cfg.resources.devices),
+        "resources.shm_size": cfg.resources.shm_size is not None,
+        "environment.ports": bool(cfg.environment.ports),
+        "environment.proxy_ports": bool(cfg.environment.proxy_ports),
+    }
+    for key in ("webhooks", "pachyderm"):
+        set_keys[f"integrations.{key}"] = bool((cfg.integrations or {}).get(key))
+    for key, is_set in set_keys.items():
+        if is_set:
+            ctx.warn(key, INSTEAD[key])
+    for i, policy in enumerate(cfg.log_policies):
+        action = policy.get("action")
+        kind = action.get("type") if isinstance(action, dict) else action
+        if kind == "exclude_node":
+            ctx.warn(f"log_policies[{i}].action", EXCLUDE_NODE)

@@ -8,7 +8,7 @@ from typing import Any
 
 from det_local.config import check, fields
 from det_local.config.check import Ctx, join
-from det_local.sched.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from det_local.priority import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 SPEC: fields.Spec = {
     "slots_per_trial": fields.int_(1, lo=0),

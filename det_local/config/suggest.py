@@ -39,3 +39,22 @@ def did_you_mean(
     if guess is not None:
         return f"; did you mean '{guess}'?"
     return f" (valid: {', '.join(options)})"
+
+
+def check_section_keys(
+    where: str, raw: Iterable[object], allowed: Iterable[str], source: str
+) -> None:
+    """The one check of a daemon.yaml section's keys (scheduler, slots, federation, dashboard,
+    system_metrics, resource_pools, a pool's backend): the first unknown key is a ConfigError
+    naming it with its section (`where`, e.g. "federation."), the file and a did-you-mean, or
+    the valid keys when nothing is close."""
+    from det_local.errors import ConfigError
+
+    options = sorted(set(allowed))
+    for key in raw:
+        if key not in options:
+            guess = closest(key, options)
+            hint = (
+                f"did you mean '{guess}'?" if guess is not None else f"valid: {', '.join(options)}"
+            )
+            raise ConfigError(f"unknown field '{where}{key}' in {source}; {hint}")

@@ -18,7 +18,7 @@ class NoDaemon(DetLocalError):
 
 def request(paths: Paths, msg: dict[str, Any], timeout: float = TIMEOUT_S) -> Any:
     """Send `msg` to this home's daemon; its `value`, or DetLocalError with its one line."""
-    from det_local import rpc
+    from det_local.wire import rpc
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)

@@ -30,20 +30,25 @@ import contextlib
 import hashlib
 import hmac
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import DetLocalError
 from det_local.federate.peers import Peer, peer_state
 from det_local.federate.verdict import Seen, Verdict, failed_gang
-from det_local.sched.gangs import MEMBER, REATTACH_S, GangFit, owner_key, share_key
-from det_local.sched.rendezvous import Rendezvous, interface_of
+from det_local.sched.gangseam import REATTACH_S, GangFit, owner_key, share_key
+from det_local.sched.run.rendezvous import Rendezvous, interface_of
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
+from det_local.store.states import JobKind
 
 if TYPE_CHECKING:
-    from det_local.federate.service import Federation
-    from det_local.sched.experiments import TrialRun
+    from det_local.federate.lending import LendPolicy
+    from det_local.federate.settings import FederationSettings
+    from det_local.federate.transport import Me
+    from det_local.sched.extensions import EngineView
+    from det_local.sched.life.experiments import TrialRun
 
 HOLD_S = 30.0  # a RESERVED member without a commit goes back to the queue after this long
 REQUEST_S = 10.0  # a reserve/commit/abort/has request without an answer: the peer is gone
@@ -96,7 +101,7 @@ class OwnerGang:
 
 @dataclass
 class MemberGang:
-    """A share of another node's gang run here (its MEMBER job)."""
+    """A share of another node's gang run here (its JobKind.MEMBER job)."""
 
     gang: str
     owner: str
@@ -110,10 +115,26 @@ class MemberGang:
     backlog: list[tuple[dict[str, Any], asyncio.Future[Any] | None]] = field(default_factory=list)
 
 
+class GangsHost(Protocol):
+    """What the placer uses of its federation service (`federate/service.py`): this node, its
+    peers, the lending policy, and a way to ask a peer and to run a task on the loop."""
+
+    view: EngineView
+    settings: FederationSettings | None
+    me: Me | None
+    peers: dict[str, Peer]
+    lending: LendPolicy
+    lend_priority_offset: int
+
+    def spawn(self, coro: Awaitable[Any]) -> None: ...
+
+    async def request(self, node: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
 class Gangs:
     """The placer (sched/gangs.py `Placer`), one per federation service."""
 
-    def __init__(self, fed: Federation) -> None:
+    def __init__(self, fed: GangsHost) -> None:
         self.fed = fed
         self.view = fed.view
         self.owned: dict[str, OwnerGang] = {}
@@ -684,7 +705,7 @@ class Gangs:
 
     def yield_share(self, job: JobRecord, why: str) -> None:
         gang = job.gang or {}
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             mg = self.members.get(str(gang.get("gang")))
             if job.state == RESERVED:
                 self.view.gangs.release(job.id, why)
@@ -1045,7 +1066,7 @@ class Gangs:
             spec = job.gang or {}
             if job.state != SCHEDULED or not self.view.gangs.claim(job.id):
                 continue
-            if job.kind == MEMBER:
+            if job.kind == JobKind.MEMBER:
                 mg = MemberGang(str(spec["gang"]), str(spec["owner"]), job.id, int(spec["run"]))
                 offset = self.view.gangs.member_log(job.id).with_name("log.offset")
                 with contextlib.suppress(OSError, ValueError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
@@ -18,16 +18,31 @@ from det_local.federate.transport import (
     plain,
     read_frame,
 )
-from det_local.sched.trialserver import peer_uid
-
-if TYPE_CHECKING:
-    from det_local.federate.service import Federation
+from det_local.sched.sessions.trialserver import peer_uid
 
 MAX_LOCAL_CONNECTIONS = 32
 
 
+class SocketHost(Protocol):
+    """What the local cluster socket uses of the federation (`federate/service.py`): its
+    state and the commands `det-local cluster ...` sends."""
+
+    on: bool
+    why_off: str
+
+    async def begin(self) -> None: ...
+
+    async def end(self, goodbye: bool) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def peer_rows(self) -> list[dict[str, Any]]: ...
+
+    async def gather(self, what: str, include_done: bool) -> list[dict[str, Any]]: ...
+
+
 class ClusterSocket:
-    def __init__(self, fed: Federation) -> None:
+    def __init__(self, fed: SocketHost) -> None:
         self.fed = fed
         self.conns = 0
 

@@ -45,11 +45,11 @@ from det_local.federate.transport import (
     server_handshake,
 )
 from det_local.sched.extensions import EngineView
+from det_local.sched.gangseam import REATTACH_S
 
 GANG_MESSAGES = frozenset([*schema.GANG_SCHEMAS, "blob"])
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
-REATTACH_S = 10.0
 PEERS_EVERY_S = 5.0
 DIAL_TIMEOUT_S = 3.0
 QUERY_TIMEOUT_S = 3.0
@@ -512,28 +512,38 @@ class Federation:
         kind = msg["t"]
         if kind in GANG_MESSAGES:
             self._gang_message(peer, link, msg)
-        elif kind == "hb":
-            before = (peer.free, peer.total, peer.kind, peer.lend)
-            peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
-            peer.digest = msg["digest"]
-            peer.lend = bool(msg.get("lend", True))
-            if before[1:] != (peer.total, peer.kind, peer.lend) or peer.free > before[0]:
-                self.gangs.peers_changed()  # what waits for machines (or free slots) may go
-        elif kind == "peers":
-            for entry in msg["list"]:
-                self._gossiped(peer, entry["node"], entry["host"], entry["port"])
-        elif kind == "leave":
-            peer.left = True
-            self.view.log(f"federation: peer {peer.node} left")
-            self._close(link, quiet=True)
-        elif kind == "query":
-            self._spawn(self._answer(link, msg))
-        elif kind == "reply" or kind == "error":
-            fut = link.pending.pop(msg.get("id", -1), None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-            elif kind == "error":
-                self.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
+        else:  # schema.check let only the kinds of SCHEMAS through: each has its handler
+            PEER_HANDLERS[kind](self, peer, link, msg)
+
+    # ---------------------------------------------------------------- the link's own messages
+    # (PEER_HANDLERS, below the class: one handler per kind, its fields checked by
+    # schema.SCHEMAS before it runs)
+    def _on_hb(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        before = (peer.free, peer.total, peer.kind, peer.lend)
+        peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
+        peer.digest = msg["digest"]
+        peer.lend = bool(msg.get("lend", True))
+        if before[1:] != (peer.total, peer.kind, peer.lend) or peer.free > before[0]:
+            self.gangs.peers_changed()  # what waits for machines (or free slots) may go
+
+    def _on_peers(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        for entry in msg["list"]:
+            self._gossiped(peer, entry["node"], entry["host"], entry["port"])
+
+    def _on_leave(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        peer.left = True
+        self.view.log(f"federation: peer {peer.node} left")
+        self._close(link, quiet=True)
+
+    def _on_query(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        self._spawn(self._answer(link, msg))
+
+    def _on_reply(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
+        fut = link.pending.pop(msg.get("id", -1), None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+        elif msg["t"] == "error":
+            self.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
 
     def _gang_message(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
         """A placement, launch, relay or fault message (federate/gangs.py); a request is
@@ -547,36 +557,10 @@ class Federation:
                 if answer is not None:
                     link.session.send_now(answer)
                 return
-            value: Any = None
-            if kind == "has":
-                value = g.on_has(msg)
-            elif kind == "blob" and msg["last"]:  # verified and extracted off the loop
+            if kind == "blob" and msg["last"]:  # verified and extracted off the loop
                 self._spawn(self._last_blob(link, msg))
                 return
-            elif kind == "blob":
-                g.on_blob(node, msg)
-            elif kind == "reserve":
-                value = g.on_reserve(node, msg)
-            elif kind == "ready":
-                problem = g.on_ready(node, msg)
-                if problem is not None:
-                    raise DetLocalError(problem)
-            elif kind == "commit":
-                value = g.on_commit(node, msg)
-            elif kind == "abort":
-                g.on_abort(node, msg)
-            elif kind == "share":
-                value = g.on_share(node, msg)
-            elif kind == "wounded":
-                g.on_wounded(node, msg)
-            elif kind == "yield":
-                g.on_yield(node, msg)
-            elif kind == "member_exit":
-                g.on_member_exit(node, msg)
-            elif kind == "down":
-                g.on_down(node, msg)
-            elif kind == "log":
-                g.on_log(node, msg)
+            value = GANG_HANDLERS[kind](g, node, msg)
             if rid is not None:
                 link.session.send_now({"t": "reply", "id": rid, "value": value})
         except DetLocalError as err:
@@ -799,3 +783,40 @@ def _where(writer: asyncio.StreamWriter) -> str:
 
 
 Factory = Callable[[EngineView], Federation]
+
+
+PeerHandler = Callable[[Federation, Peer, Link, dict[str, Any]], None]
+
+# the link's own message kinds -> their handler (gang kinds go to GANG_HANDLERS)
+PEER_HANDLERS: dict[str, PeerHandler] = {
+    "hb": Federation._on_hb,
+    "peers": Federation._on_peers,
+    "leave": Federation._on_leave,
+    "query": Federation._on_query,
+    "reply": Federation._on_reply,
+    "error": Federation._on_reply,
+}
+
+
+def _ready(g: Gangs, node: str, msg: dict[str, Any]) -> None:
+    problem = g.on_ready(node, msg)
+    if problem is not None:
+        raise DetLocalError(problem)
+
+
+# a gang message kind (schema.GANG_SCHEMAS; relay is answered apart) -> its handler in
+# federate/gangs.py, given the sending node; what it returns is the reply's value
+GANG_HANDLERS: dict[str, Callable[[Gangs, str, dict[str, Any]], Any]] = {
+    "has": lambda g, node, msg: g.on_has(msg),
+    "blob": Gangs.on_blob,
+    "reserve": Gangs.on_reserve,
+    "ready": _ready,
+    "commit": Gangs.on_commit,
+    "abort": Gangs.on_abort,
+    "share": Gangs.on_share,
+    "wounded": Gangs.on_wounded,
+    "yield": Gangs.on_yield,
+    "member_exit": Gangs.on_member_exit,
+    "down": Gangs.on_down,
+    "log": Gangs.on_log,
+}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 from det_local.federate.keys import stored_node_id, valid_node_id
 
@@ -142,15 +143,7 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
         if section is not None and not isinstance(section, dict):
             raise ConfigError(f"federation in {source}: expected a mapping")
         raw = section or {}
-    import difflib
-
-    for key in raw:
-        if key not in _KEYS:
-            near = difflib.get_close_matches(str(key), sorted(_KEYS), n=1)
-            hint = (
-                f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(_KEYS))}"
-            )
-            raise ConfigError(f"unknown field 'federation.{key}' in {source}{hint}")
+    check_section_keys("federation.", raw, _KEYS, source)
     port = _port(raw.get("port", DEFAULT_PORT), f"federation.port in {source}")
     if env.get("DET_LOCAL_FED_PORT"):
         port = _port(env["DET_LOCAL_FED_PORT"], "DET_LOCAL_FED_PORT")

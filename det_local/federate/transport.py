@@ -35,10 +35,10 @@ import msgpack
 
 from det_local import __version__
 from det_local.federate.keys import cluster_id, valid_node_id
-from det_local.rpc import HEADER
 from det_local.wire.budget import Budget
 from det_local.wire.budget import Refused as BudgetRefused
 from det_local.wire.budget import decode as budget_decode
+from det_local.wire.rpc import HEADER
 
 PROTOCOL_VERSION = 1
 PRE_AUTH_MAX = 4 * 1024

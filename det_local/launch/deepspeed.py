@@ -215,7 +215,7 @@ def plan(argv: list[str], workdir: str) -> tuple[list[str], dict[str, str], int]
 def world_slots(slots: int, nodes: int) -> int:
     """The slots of every machine together: from the trial's rendezvous.json (its slot counts
     per machine), else ``slots`` on each of ``nodes`` machines (Determined's equal fit)."""
-    from det_local.trial.info import get_cluster_info
+    from det_local.wire.trialinfo import get_cluster_info
 
     info = get_cluster_info()
     counts = info.container_slot_counts if info is not None else []

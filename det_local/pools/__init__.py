@@ -2,7 +2,7 @@
 
 The machine's own slots are the default pool (``""`` or ``default``; the LAN cluster extends
 it). Other pools come from daemon.yaml's `resource_pools:`; each names a backend (today:
-``slurm``, `det_local/slurm/`). A pool is a :class:`~det_local.sched.launcher.Launcher` behind
+``slurm``, `det_local/slurm/`). A pool is a :class:`~det_local.sched.run.launcher.Launcher` behind
 :class:`~det_local.pools.router.PoolLauncher`: the engine decides what runs and when, a pool's
 launcher decides how and where. The engine knows pools only as names (``is_default``,
 ``check_experiment``); nothing in `sched/` knows Slurm.
@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import ConfigError
+from det_local.store.states import JobKind
 
 if TYPE_CHECKING:
-    from det_local.sched.launcher import Launcher
-    from det_local.sched.plan import LaunchPlan
+    from det_local.sched.run.launcher import Launcher
+    from det_local.sched.run.launchplan import LaunchPlan
     from det_local.slurm.config import SlurmPool
     from det_local.store.jobs import JobRecord
     from det_local.store.paths import Paths
@@ -75,7 +76,7 @@ class Pools:
     def check_command(self, name: str | None, kind: str, slots: int) -> int:
         """`cmd run --pool NAME`: the pool exists and can run it; the slots it asks of it."""
         self.check_pool(name, "--pool")
-        if kind != "COMMAND":
+        if kind != JobKind.COMMAND:
             raise ConfigError(
                 f"--pool: only `cmd run` runs in a resource pool; {kind.lower()}s run on this "
                 "machine's slots"
@@ -139,7 +140,7 @@ def load_pools(path: Path) -> Pools:
         raise ConfigError(
             f"resource_pools in {source}: expected a mapping of pool names, found {section!r}"
         )
-    from det_local.sched.settings import check_keys
+    from det_local.config.suggest import check_section_keys
     from det_local.slurm.config import parse_slurm_pool
 
     slurm: dict[str, SlurmPool] = {}
@@ -154,6 +155,6 @@ def load_pools(path: Path) -> Pools:
                 f"resource_pools.{name} in {source}: expected one backend, e.g. "
                 "'slurm: {partition: debug}'"
             )
-        check_keys(f"resource_pools.{name}.", body, _BACKENDS, source)
+        check_section_keys(f"resource_pools.{name}.", body, _BACKENDS, source)
         slurm[name] = parse_slurm_pool(name, body["slurm"], source)
     return Pools(slurm=slurm, source=source)

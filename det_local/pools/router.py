@@ -1,4 +1,4 @@
-"""The pool seam: one :class:`~det_local.sched.launcher.Launcher` that hands each run to its
+"""The pool seam: one :class:`~det_local.sched.run.launcher.Launcher` that hands each run to its
 pool's launcher (this machine's, or a Slurm pool's), so the supervisor and the engine see one
 launcher and no pool's details.
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from det_local.errors import TrialError
-from det_local.sched.launcher import Launcher, Lost, RunHandle
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.run.launcher import Launcher, Lost, RunHandle
+from det_local.sched.run.launchplan import LaunchPlan
 from det_local.store.jobs import JobRecord
 
 

@@ -12,12 +12,10 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
@@ -25,9 +23,6 @@ from det_local.store.paths import Paths
 
 if TYPE_CHECKING:
     from det_local.sched.extensions import ExtensionFactory
-
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 
 
 class DaemonError(DetLocalError):
@@ -51,7 +46,7 @@ def read_pid_file(paths: Paths) -> DaemonInfo | None:
 
 def running_daemon(paths: Paths) -> DaemonInfo | None:
     """The live daemon of this home, or None (a pid file whose lock is free is stale)."""
-    from det_local.sched.requester import lock_free
+    from det_local.sched.enginelock import lock_free
 
     info = read_pid_file(paths)
     if info is None or lock_free(paths):
@@ -76,7 +71,7 @@ def _prepare_home(paths: Paths) -> None:
 def run_foreground(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> int:
     """`det-local daemon`: serve until SIGTERM/SIGINT or `daemon stop`. `extensions` are
     services run on the engine's loop (federation), handed in by the entry point."""
-    from det_local.sched.embedded import EngineLock
+    from det_local.sched.enginelock import EngineLock
 
     _prepare_home(paths)
     lock = EngineLock(paths)
@@ -145,7 +140,7 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
 async def _start_extensions(
     engine: Any, factories: Sequence[ExtensionFactory], log: Callable[[str], None]
 ) -> list[Any]:
-    """The extension seam: each service gets a read-only view of the engine."""
+    """The extension seam: each service gets an EngineView, its door into the engine."""
     from det_local.sched.extensions import EngineView
 
     services = []
@@ -162,116 +157,3 @@ def _write_pid_file(paths: Paths, extra: dict[str, Any] | None = None) -> None:
     tmp.write_text(json.dumps({**info, **(extra or {})}))
     os.chmod(tmp, 0o644)
     os.replace(tmp, paths.pid_file)
-
-
-def start_background(paths: Paths) -> DaemonInfo:
-    """`det-local daemon start`: a detached daemon; returns once it serves (or fails)."""
-    info = running_daemon(paths)
-    if info is not None:
-        raise DaemonError(
-            f"a det-local daemon is already running for {paths.home} (pid {info.pid})"
-        )
-    paths.ensure()
-    log_path = paths.run_dir / "daemon.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "det_local.cli.main", "daemon"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env={**os.environ, "DET_LOCAL_HOME": str(paths.home)},
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        info = read_pid_file(paths)
-        if info is not None and info.pid == proc.pid and paths.socket.exists():
-            return info
-        if proc.poll() is not None:
-            tail = _tail(log_path)
-            raise DaemonError(f"the det-local daemon exited at start ({tail}); see {log_path}")
-        time.sleep(0.02)
-    raise DaemonError(
-        f"the det-local daemon did not come up in {START_TIMEOUT_S:.0f}s; see {log_path}"
-    )
-
-
-def stop(paths: Paths) -> str:
-    """`det-local daemon stop`: ask the daemon to stop (jobs keep running), wait for it."""
-    from det_local.sched.requester import remote_request
-
-    info = running_daemon(paths)
-    if info is None:
-        return f"no det-local daemon is running for {paths.home}"
-    process = _process(info.pid)
-    remote_request(paths, "daemon_stop", {}, timeout=STOP_TIMEOUT_S)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        # its lock goes first, then the process: "stopped" once the process has exited
-        if running_daemon(paths) is None and not _alive(process):
-            return f"det-local daemon {info.pid} stopped"
-        time.sleep(0.02)
-    raise DaemonError(f"det-local daemon {info.pid} did not stop in {STOP_TIMEOUT_S:.0f}s")
-
-
-def _process(pid: int) -> Any:
-    """The daemon's process (psutil, which tells a reused pid apart), or None if gone."""
-    import psutil
-
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
-
-
-def _alive(process: Any) -> bool:
-    """Still running: neither exited (a zombie has exited) nor replaced by a reused pid."""
-    import psutil
-
-    if process is None:
-        return False
-    try:
-        return bool(process.is_running()) and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def status(paths: Paths) -> dict[str, Any]:
-    from det_local.store.db import Store
-
-    info = running_daemon(paths)
-    out: dict[str, Any] = {"home": str(paths.home), "running": info is not None}
-    if info is not None:
-        out["pid"] = info.pid
-        out["uptime_s"] = round(time.time() - info.started_at, 1)
-        try:
-            import psutil
-
-            out["rss_mb"] = round(psutil.Process(info.pid).memory_info().rss / 2**20, 1)
-        except Exception:
-            pass
-        try:  # what the daemon wrote at its start: how it contains jobs (cgroups or not)
-            containment = json.loads(paths.pid_file.read_text()).get("containment")
-        except (OSError, ValueError, AttributeError):
-            containment = None
-        if isinstance(containment, dict):
-            out["containment"] = containment
-        from det_local.health.looplag import read as read_loop_lag
-
-        lag = read_loop_lag(paths.run_dir)
-        if lag is not None:
-            out["loop_lag_ms"] = lag
-    store = Store(paths.db, readonly=True)  # a read-only view (empty when nothing ran yet)
-    jobs = store.jobs.active()
-    out["queued"] = sum(j.state == "QUEUED" for j in jobs)
-    out["running_jobs"] = sum(j.state == "SCHEDULED" for j in jobs)
-    out["pending_requests"] = len(list(paths.queue.glob("*.req"))) if paths.queue.exists() else 0
-    return out
-
-
-def _tail(path: Path, n: int = 1) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-        return " / ".join(lines[-n:]) or "no output"
-    except OSError:
-        return "no output"

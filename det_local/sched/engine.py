@@ -3,17 +3,21 @@
 One engine per DET_LOCAL_HOME. It is the only writer of the store. Events come from three
 sources, all on one asyncio loop, and nothing polls for work:
 
-* the spool (submissions and control requests): `sched/spoolserver.py` reads them and
-  `sched/dispatch.py` hands each to its handler in `sched/handlers.py`, which calls the engine;
-* the trial socket (trial reports): `sched/trialserver.py` authenticates sessions and
-  `sched/trialmessages.py` handles each message, calling the engine for what touches a searcher;
-* process exits: `sched/supervisor.py` watches the runs it spawned through the launcher
-  (`sched/launcher.py`) and calls :meth:`Engine._on_job_exit` once a run is wholly gone.
+* the spool (submissions and control requests): `sched/intake/spoolserver.py` reads them and
+  `sched/intake/dispatch.py` hands each to its handler in `sched/intake/handlers.py`, which calls
+  the engine;
+* the trial socket (trial reports): `sched/sessions/trialserver.py` authenticates sessions and
+  `sched/sessions/trialmessages.py` handles each message, calling the engine for what touches a
+  searcher;
+* process exits: `sched/run/supervisor.py` watches the runs it spawned through the launcher
+  (`sched/run/launcher.py`) and calls :meth:`Engine._on_job_exit` once a run is wholly gone.
 
-The engine owns the experiments (`sched/experiments.py`), turns searcher actions into trials
-and jobs, decides what a trial's exit means (`sched/outcome.py`), and starts trials when the
-queue (`sched/jobqueue.py`) says so (`sched/trialstart.py` prepares the plan). Commands are
-`sched/commands.py`'s, checkpoint GC is `sched/ckpt_gc.py`'s. `docs/architecture.md` has the
+The engine owns the experiments (`sched/life/experiments.py`), turns searcher actions into trials
+and jobs, decides what a trial's exit means (`sched/life/outcome.py`), and starts trials when the
+queue (`sched/queue/jobqueue.py`) says so (`sched/run/trialstart.py` prepares the plan). Commands
+are
+`sched/run/commands.py`'s, checkpoint GC is `sched/life/ckpt_gc.py`'s. `docs/architecture.md` has
+the
 whole picture. The daemon runs an engine for good; `det-local run` with no daemon runs one in
 its own process for the life of the run (embedded mode).
 """
@@ -28,44 +32,50 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
 from det_local.pools import is_default, load_pools
-from det_local.sched import cgroups, expcontrol, trialexit, unmanaged
-from det_local.sched.ckpt_gc import CheckpointGC
-from det_local.sched.commands import Commands
-from det_local.sched.dispatch import apply_request
-from det_local.sched.experiments import (
+from det_local.sched.gangs import GangShares
+from det_local.sched.intake.dispatch import apply_request
+from det_local.sched.intake.spool import Request
+from det_local.sched.intake.spoolserver import SpoolServer
+from det_local.sched.intake.submission import record_experiment
+from det_local.sched.life import changes as expcontrol
+from det_local.sched.life import trialexit
+from det_local.sched.life.ckpt_gc import CheckpointGC
+from det_local.sched.life.experiments import (
     ExperimentRun,
     TrialRun,
     checkpoint_dir_for,
     load_experiment,
     searcher_snapshot,
 )
-from det_local.sched.gangs import MEMBER, GangShares
-from det_local.sched.inventory import LocalInventory
-from det_local.sched.jobqueue import TRIAL, JobQueue, check_priority
-from det_local.sched.launcher import LocalLauncher
-from det_local.sched.policy import check_request
-from det_local.sched.privatestart import prepare_private
-from det_local.sched.reports import Reports
+from det_local.sched.queue.inventory import LocalInventory
+from det_local.sched.queue.jobqueue import JobQueue, check_priority
+from det_local.sched.queue.policy import check_request
 from det_local.sched.restart import recover
+from det_local.sched.run import cgroups
+from det_local.sched.run.commands import Commands
+from det_local.sched.run.launcher import LocalLauncher
+from det_local.sched.run.privatestart import prepare_private
+from det_local.sched.run.runas import identity, uid_of
+from det_local.sched.run.supervisor import Exit, Supervisor
+from det_local.sched.run.trialstart import StartFailed, TrialStarter
+from det_local.sched.sessions import unmanaged
+from det_local.sched.sessions.reports import Reports
+from det_local.sched.sessions.trialmessages import handle as handle_message
+from det_local.sched.sessions.trialserver import TrialServer, send
 from det_local.sched.settings import DaemonSettings, load_settings
-from det_local.sched.spool import Request
-from det_local.sched.spoolserver import SpoolServer
-from det_local.sched.submission import record_experiment
-from det_local.sched.supervisor import Exit, Supervisor
-from det_local.sched.trialmessages import handle as handle_message
-from det_local.sched.trialserver import TrialServer, send
-from det_local.sched.trialstart import StartFailed, TrialStarter
-from det_local.sched.users import identity, uid_of
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
 from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
-from det_local.store.states import State
+from det_local.store.states import JobKind, JobState, State
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 __all__ = ["Engine", "ExperimentRun", "TrialRun", "checkpoint_dir_for"]
 
@@ -81,7 +91,7 @@ class Engine:
         daemon: bool = False,
         offline: bool = False,
     ) -> None:
-        from det_local.sched import slots
+        from det_local.sched.queue import hardware as slots
 
         self.paths = paths.ensure()
         self.daemon = daemon
@@ -161,7 +171,7 @@ class Engine:
             skip=self._gc_skip,
             note=self.note,
             out=self._out,
-            on_done=self._check_idle,
+            on_done=self.check_idle,
         )
         self.gangs = GangShares(self)  # trials across machines (federate/ places them)
         self.reports = Reports(
@@ -215,7 +225,7 @@ class Engine:
         `retry` reply, so that nothing starts in an engine about to stop; the client then runs
         the request in an engine of its own."""
         while True:
-            self._check_idle()
+            self.check_idle()
             if self._idle.is_set():
                 self.closing = True  # no await since the check: nothing slipped in between
                 self.spool.watch_stop.set()
@@ -265,9 +275,10 @@ class Engine:
 
     def _after_pass(self) -> None:
         self.gangs.offload_waiting()
-        self._check_idle()
+        self.check_idle()
 
-    def _check_idle(self) -> None:
+    def check_idle(self) -> None:
+        """Mark the engine idle (no experiment with a live process or pending work) or busy."""
         active = any(
             self.store.get_experiment(e).state
             in (State.ACTIVE, State.STOPPING_CANCELED, State.STOPPING_PAUSED)
@@ -283,7 +294,15 @@ class Engine:
         else:
             self._idle.clear()
 
-    check_idle = _check_idle
+    def is_idle(self) -> bool:
+        """Whether the engine is idle now (checked, not cached): `wait_idle` would return."""
+        self.check_idle()
+        return self._idle.is_set()
+
+    @property
+    def tasks(self) -> tuple[asyncio.Future[None], ...]:
+        """The engine's own background tasks (spool, trial server, scheduling passes)."""
+        return tuple(self._tasks)
 
     def note(
         self,
@@ -306,13 +325,13 @@ class Engine:
         self.spool.log_safely(message, level)
 
     def apply_request(self, req: Request) -> dict[str, Any]:
-        """A spool request's answer (`sched/dispatch.py`)."""
+        """A spool request's answer (`sched/intake/dispatch.py`)."""
         return apply_request(self, req)
 
     # ================================================================== experiments
     def submit(
         self,
-        cfg: Any,
+        cfg: ExperimentConfig,
         context_src: Path,
         source: str,
         *,
@@ -330,7 +349,7 @@ class Engine:
         With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
         twice: one batch + validation + checkpoint, then a fresh process that restores that
         checkpoint and trains one more batch."""
-        from det_local.sched.userfiles import check_umask, current_umask
+        from det_local.sched.run.userfiles import check_umask, current_umask
 
         # the submitter's umask: its trials run with it (a local run: this process's own)
         umask = current_umask() if umask is None and uid is None else check_umask(umask)
@@ -369,11 +388,11 @@ class Engine:
         exp.test_mode = test_mode
         self.add_experiment(exp, owner)
         self.apply(exp, searcher.initial_actions())
-        self._check_idle()
+        self.check_idle()
         return exp_id
 
     def _cpu_slots_remedy(self, slots: int) -> str | None:
-        from det_local.sched.slots import cpu_slots_remedy
+        from det_local.sched.queue.hardware import cpu_slots_remedy
 
         configured = self.settings.cpu_slots is not None
         return cpu_slots_remedy(
@@ -424,7 +443,7 @@ class Engine:
 
     def experiment_stopped(self, experiment_id: int) -> None:
         """No trial of the experiment runs now (it ended or paused): what the launcher keeps
-        for it goes (its zygote, `sched/zygotes.py`)."""
+        for it goes (its zygote, `sched/warm/zygotes.py`)."""
         self.supervisor.launcher.experiment_stopped(experiment_id)
 
     def save_searcher(self, exp: ExperimentRun) -> None:
@@ -481,7 +500,7 @@ class Engine:
             pooled = not is_default(exp.config.resources.resource_pool)
             fit = None if pooled else self.gangs.fit(size)
             return self.store.jobs.create(
-                kind=TRIAL,
+                kind=JobKind.TRIAL,
                 name=f"{rec.name} (trial {trial_id})",
                 user=rec.user,
                 uid=self.user_ids.get(exp.id, uid_of(rec.user)),
@@ -544,7 +563,7 @@ class Engine:
         if placer is None:  # the federation stopped: the share waits for it
             self.gangs.release(job.id, "the cluster is off")
             self.queue.hold_back[job.id] = "waiting for the cluster (federation is off)"
-        elif job.kind == MEMBER:
+        elif job.kind == JobKind.MEMBER:
             placer.member_started(job)
         else:
             placer.share_started(job)
@@ -560,11 +579,11 @@ class Engine:
 
     def preempt_trial(self, job: JobRecord) -> bool:
         """The policy chose the trial's job as a victim: it checkpoints and requeues."""
-        if job.gang is not None and (job.state == "RESERVED" or job.kind == MEMBER):
+        if job.gang is not None and (job.state == JobState.RESERVED or job.kind == JobKind.MEMBER):
             if self.gangs.placer is None:
                 return False
             self.gangs.placer.yield_share(job, f"job {job.id} is preempted by more important work")
-            return job.state != "RESERVED"  # a released share is back in the queue at once
+            return job.state != JobState.RESERVED  # a released share is back in the queue at once
         run = self.runs.get(job.trial_id or -1)
         if run is None:
             return False
@@ -610,7 +629,7 @@ class Engine:
 
     # ================================================================== process exits
     def journal(self, line: str) -> None:
-        """A line in the daemon's log only (job starts and ends: `sched/joblog.py`)."""
+        """A line in the daemon's log only (job starts and ends: `sched/run/joblog.py`)."""
         self._out(f"det-local: {line}")
 
     def _on_job_exit(self, ended: Exit) -> None:
@@ -619,7 +638,7 @@ class Engine:
         job = self.store.jobs.peek(ended.job_id)
         decided = self._job_exited(job, ended)
         if self.daemon:
-            from det_local.sched.joblog import ended as ended_line
+            from det_local.sched.run.joblog import ended as ended_line
 
             self.journal(ended_line(job, ended.code, self.store.jobs.peek(job.id)))
         if decided:
@@ -630,9 +649,9 @@ class Engine:
         self.queue.preempting.discard(ended.job_id)
         if ended.lost is not None and job.trial_id is not None:  # the pool lost it
             self.gangs.peer_lost.setdefault(job.trial_id, f"its run {ended.lost}")
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             self.gangs.member_job_exited(job, ended.code)
-        elif job.kind == TRIAL:
+        elif job.kind == JobKind.TRIAL:
             run = self.runs.get(job.trial_id or -1)
             placer = self.gangs.placer
             if (
@@ -700,8 +719,8 @@ class Engine:
             send(w, {"t": "preempt"})
         if self.gangs.placer is not None:
             self.gangs.placer.down(run, {"t": "preempt"})
-        timeout = exp.config.preemption_timeout
-        timeout = self.settings.preemption_timeout if timeout is None else float(timeout)
+        configured = exp.config.preemption_timeout
+        timeout = self.settings.preemption_timeout if configured is None else float(configured)
         assert self.loop is not None
         run.timers.append(self.loop.call_later(timeout, self.terminate, run))
 
@@ -778,7 +797,7 @@ class Engine:
 
     def kill_job(self, job_id: int) -> str:
         job = self.store.jobs.get(job_id)
-        if job.kind == TRIAL:
+        if job.kind == JobKind.TRIAL:
             assert job.experiment_id is not None
             return self.kill(job.experiment_id)
         remote = self.gangs.kill_remote(job)

@@ -1,10 +1,16 @@
 """Services that run on the daemon's event loop next to the engine (federation, later others).
 
 `sched` imports none of them: the daemon's entry point (`det-local daemon`, in `cli/`) hands
-`run_foreground` a list of factories, and each service gets an `EngineView`: a narrow,
-read-only view of this node (its home, its slots, its queue) and the daemon's log. A service
-may not change the engine's state through the view; what it needs to change later comes as
-new seams here.
+`run_foreground` a list of factories, and each service gets an `EngineView`: its one door into
+the engine, and the daemon's log. The view has two halves, marked in the class:
+
+- reads: this node's home, slots, queue, jobs, runs and usage (nothing changes);
+- changes: what the cluster (`federate/`) does to this node's engine to run a trial across
+  machines: install its placer, hold back / release / reorder queued gang shares, record a
+  share's slots, fail or preempt a gang, append relayed logs, stop an idle command, and the
+  engine's gang-share operations (`gangs`: `sched/gangs.GangShares`: claim, release,
+  launch_owner, enqueue_member, ...). Each change runs on the engine's loop, as the engine's own
+  handlers do; a new kind of change comes as a new, named method here.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.store.paths import Paths
+from det_local.store.states import JobKind, JobState
 
 if TYPE_CHECKING:
     from det_local.sched.engine import Engine
-    from det_local.sched.experiments import TrialRun
-    from det_local.sched.gangs import GangShares, Placer
+    from det_local.sched.gangs import GangShares
+    from det_local.sched.gangseam import Placer
+    from det_local.sched.life.experiments import TrialRun
     from det_local.store.jobs import JobRecord
 
 
@@ -51,7 +59,8 @@ JOB_FIELDS = (
 
 
 class EngineView:
-    """What a service may read of the engine; every method runs on the engine's loop."""
+    """A service's door into the engine: reads, then (below "changes") the state-changing
+    methods the cluster uses. Every method runs on the engine's loop."""
 
     def __init__(self, engine: Engine, log: Callable[[str], None]) -> None:
         self._engine = engine
@@ -76,7 +85,12 @@ class EngineView:
         kind = "cpu" if self._engine.inventory.source == "cpu" else "gpu"
         if self.node_disabled():  # `cluster node disable`: nothing free for peers
             return 0, total, kind
-        held = {i for j in self._engine.store.jobs.active() if j.state != "QUEUED" for i in j.slots}
+        held = {
+            i
+            for j in self._engine.store.jobs.active()
+            if j.state != JobState.QUEUED
+            for i in j.slots
+        }
         free = set(range(total)) - held - self._engine.slots.disabled  # drained slots too
         return len(free), total, kind
 
@@ -87,7 +101,9 @@ class EngineView:
     def queue_digest(self, top: int = 5) -> dict[str, Any]:
         """Queued and running counts and the first `top` queued jobs as [priority, slots]."""
         jobs = self._engine.store.jobs.active()
-        queued = sorted((j for j in jobs if j.state == "QUEUED"), key=lambda j: (j.priority, j.id))
+        queued = sorted(
+            (j for j in jobs if j.state == JobState.QUEUED), key=lambda j: (j.priority, j.id)
+        )
         return {
             "queued": len(queued),
             "running": len(jobs) - len(queued),
@@ -111,7 +127,7 @@ class EngineView:
 
     def slot_rows(self) -> list[dict[str, Any]]:
         """This node's slots as `slots --json` gives them (without foreign process lists)."""
-        from det_local.sched.slots import describe, slot_holders
+        from det_local.sched.queue.hardware import describe, slot_holders
 
         rows = describe(self._engine.inventory, slot_holders(self._engine.store.jobs.active()))
         return [{k: v for k, v in row.items() if k != "foreign"} for row in rows]
@@ -151,18 +167,24 @@ class EngineView:
         """The store's usage table (allocations, samples, idle states): the sampler's own."""
         return self._engine.store.usage
 
+    # ------------------------------------------------------------------ changes
+    # (each changes the engine's state; the usage sampler and the cluster call them)
     def stop_idle(self, job: JobRecord, why: str) -> str:
         """End an idle command, notebook or shell (never a trial): as `cmd kill`, with `why`
         as its end message."""
-        if job.kind == "TRIAL":
+        if job.kind == JobKind.TRIAL:
             raise ValueError("trials are never stopped for idling")
         self._engine.commands.kill_reasons[job.id] = why
         return self._engine.kill_job(job.id)
 
     # ------------------------------------------------------------------ gangs across machines
-    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`)
+    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`): changes,
+    # except the reads job, active_jobs, member_jobs, held_back, gang_spec, command_spec,
+    # context_of, resume_point, trial_run and the check_* methods
     @property
     def gangs(self) -> GangShares:
+        """The engine's gang-share operations (state-changing: claim, release, launch_owner,
+        enqueue_member, ...)."""
         return self._engine.gangs
 
     def install_placer(self, placer: Placer | None, node_id: str = "") -> None:
@@ -191,7 +213,7 @@ class EngineView:
         found = [
             j
             for j in jobs
-            if j.kind == "MEMBER"
+            if j.kind == JobKind.MEMBER
             and (j.gang or {}).get("gang") == gang
             and (j.gang or {}).get("run") == run
         ]
@@ -218,7 +240,7 @@ class EngineView:
 
     def behind_older_gangs(self, job_id: int) -> None:
         """Move a queued gang share behind every queued share of an older gang."""
-        from det_local.sched.gangs import share_key
+        from det_local.sched.gangseam import share_key
 
         jobs = self._engine.store.jobs
         me = jobs.peek(job_id)
@@ -230,7 +252,10 @@ class EngineView:
         older = [
             j
             for j in jobs.active()
-            if j.gang is not None and j.id != job_id and key(j) < key(me) and j.state == "QUEUED"
+            if j.gang is not None
+            and j.id != job_id
+            and key(j) < key(me)
+            and j.state == JobState.QUEUED
         ]
         if older:
             last = max(older, key=lambda j: j.position)
@@ -320,7 +345,7 @@ class EngineView:
         """The gang can never be placed as configured (a member refused for good)."""
         engine = self._engine
         job = engine.store.jobs.peek(job_id)
-        if job.state == "RESERVED":
+        if job.state == JobState.RESERVED:
             engine.store.jobs.requeue(job_id)
         assert job.experiment_id is not None and job.trial_id is not None
         engine.fail_trial_start(job.experiment_id, job.trial_id, f"trial {job.trial_id}: {why}")
@@ -329,7 +354,7 @@ class EngineView:
     def preempt_gang(self, job_id: int, why: str) -> None:
         engine = self._engine
         job = engine.store.jobs.peek(job_id)
-        if job.state == "SCHEDULED" and engine.preempt_trial(job):
+        if job.state == JobState.SCHEDULED and engine.preempt_trial(job):
             engine.queue.preempting.add(job_id)
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:
@@ -380,10 +405,10 @@ def runs_on(job: JobRecord, me: str) -> str:
     """The nodes a running (or reserved) job's processes are on, comma-separated (`me` is this
     node); "" while it waits or once it has ended. A share of another node's gang (MEMBER)
     runs here; a job sent to an idle peer runs there; a gang runs on its nodes."""
-    if job.state not in ("SCHEDULED", "RESERVED"):
+    if job.state not in (JobState.SCHEDULED, JobState.RESERVED):
         return ""
     gang = job.gang or {}
-    if job.kind == "MEMBER":
+    if job.kind == JobKind.MEMBER:
         return me
     if gang.get("anywhere"):
         return str(gang["anywhere"])

@@ -19,89 +19,38 @@ machine is refused at submission, as before.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
-from det_local.sched.experiments import TrialRun, checkpoint_dir_for
-from det_local.sched.rendezvous import Rendezvous
-from det_local.sched.trialplan import TrialFacts, build_trial_plan
+from det_local.sched.gangseam import (
+    REATTACH_S,
+    GangFit,
+    GangHost,
+    Placer,
+    gang_key,
+)
+from det_local.sched.life.experiments import TrialRun, checkpoint_dir_for
+from det_local.sched.run.rendezvous import Rendezvous
+from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
 from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
-from det_local.store.states import State
+from det_local.store.states import JobKind, State
 
 if TYPE_CHECKING:
-    from det_local.sched.engine import Engine
+    from det_local.config.experiment import ExperimentConfig
 
-MEMBER = "MEMBER"
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
-# a daemon restart inside this window keeps a gang's running ranks (on every node); the
-# cluster's placer takes adopted shares back, else they are ended this long after the restart
-REATTACH_S = 10.0
 UNCLAIMED_S = REATTACH_S + 5.0
-
-
-@dataclass(frozen=True)
-class GangFit:
-    """Where a gang of `size` slots fits: `per_node` slots on each of `nodes` (fit order; this
-    node first when it takes part); `local` is this node's share (per_node or 0)."""
-
-    size: int
-    per_node: int
-    nodes: tuple[str, ...]
-    local: int
-
-
-class Placer(Protocol):
-    """The cluster's half (federate/gangs.py), as the engine calls it."""
-
-    def fit(self, slots: int) -> GangFit:
-        """Where a gang of this size fits now; DetLocalError (one line) when no set of live
-        nodes could ever hold it."""
-
-    def share_started(self, job: JobRecord) -> None:
-        """The owner's share holds its slots (RESERVED): place the rest."""
-
-    def member_started(self, job: JobRecord) -> None:
-        """A member share holds its slots (RESERVED): tell its owner it is ready."""
-
-    def yield_share(self, job: JobRecord, why: str) -> None:
-        """More important local work needs a share's slots: release it (RESERVED) or have its
-        owner preempt the whole gang by checkpoint (running)."""
-
-    def owner_exited(self, run: TrialRun, code: int) -> bool:
-        """The owner's ranks exited; True: the placer calls `Engine.gang_exited` once every
-        member's ranks have stopped too."""
-
-    def member_exited(self, job: JobRecord, code: int | None) -> None:
-        """A member share's ranks exited."""
-
-    def down(self, run: TrialRun, frame: dict[str, Any]) -> None:
-        """A frame for every rank of the trial on other nodes (preempt)."""
-
-    def stop(self, run: TrialRun) -> None:
-        """Stop the trial's ranks on every other node (kill)."""
-
-    def relay(self, run: TrialRun, msg: dict[str, Any]) -> asyncio.Future[Any] | None:
-        """A member rank's trial frame, sent to the owner; its reply comes in the future."""
-
-    def abort_job(self, job: JobRecord, why: str) -> None:
-        """Stop whatever runs of this node's job on other nodes (a command sent whole)."""
-
-    def idle_peer(self, slots: int) -> str | None:
-        """A live peer that lends and has `slots` free now (the most free first), or None."""
 
 
 class GangShares:
     """The engine's operations on gang shares (owner and member sides)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: GangHost) -> None:
         self.engine = engine
         self.placer: Placer | None = None
         self.relays: dict[int, TrialRun] = {}  # member job id -> its ranks' relay run
@@ -191,7 +140,7 @@ class GangShares:
             trial_id=job.trial_id,
         )
 
-    def check_storage(self, cfg: Any) -> None:
+    def check_storage(self, cfg: ExperimentConfig) -> None:
         """A trial across machines keeps its checkpoints where every machine reads them."""
         storage = cfg.checkpoint_storage
         if storage is None or storage.type != "shared_fs":
@@ -222,7 +171,7 @@ class GangShares:
             raise DetLocalError(f"job {job_id} is {job.state}, not reserved")
         engine.store.jobs.commit(job_id)
         job = engine.store.jobs.peek(job_id)
-        if job.kind == "COMMAND":  # a command sent whole to a peer: it runs there
+        if job.kind == JobKind.COMMAND:  # a command sent whole to a peer: it runs there
             engine.note(f"command {job_id} runs on {', '.join(rendezvous.addrs)}")
             return
         if job.slots_needed == 0:  # this node runs no ranks: its job only coordinates
@@ -265,7 +214,7 @@ class GangShares:
     def open_trial_log(self, experiment_id: int, trial_id: int) -> int:
         """The trial's log opened for appending, as its ranks' output is (the submitter's file
         in system mode; never through a link a user put in its place)."""
-        from det_local.sched.users import uid_of
+        from det_local.sched.run.runas import uid_of
 
         engine = self.engine
         uid = engine.owner_uid(experiment_id)
@@ -277,8 +226,8 @@ class GangShares:
     def _open_log(self, path: Path, uid: int, umask: int | None, *, own_dir: bool = False) -> int:
         """own_dir: the log's directory is the user's (a command's job directory), as
         `Commands.start` makes it."""
-        from det_local.sched import userfiles
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import userfiles
+        from det_local.sched.run.runas import identity as identity_of
 
         owner = userfiles.owner_for(identity_of(uid), umask, self.engine.settings.admin_group)
         if own_dir and owner is not None:
@@ -296,7 +245,7 @@ class GangShares:
 
     def remote_command_ended(self, job_id: int, code: int, where: str, lost: str | None) -> None:
         """A command sent whole to a peer has ended there (or the peer was lost)."""
-        from det_local.sched.outcome import describe_exit
+        from det_local.sched.life.outcome import describe_exit
 
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
@@ -357,7 +306,7 @@ class GangShares:
             ) from None
         jobs = self.engine.store.jobs
         job_id = jobs.create(
-            kind=MEMBER,
+            kind=JobKind.MEMBER,
             name=name,
             user=user,
             uid=uid,
@@ -422,21 +371,18 @@ class GangShares:
         run = self.relay_run_of(engine.store.jobs.peek(job_id))
         assert run is not None
         token = run.token
-        from det_local.sched import trialstart, userfiles
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import trialstart, userfiles
+        from det_local.sched.run.runas import identity as identity_of
 
         identity = identity_of(job.uid)
         owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
         storage = checkpoint_dir_for(engine.paths, config)
 
-        # what _cluster_info reads of a trial record
-        trial = SimpleNamespace(
-            id=int(spec["trial_id"]), seed=int(spec["seed"]), hparams=spec["hparams"]
-        )
+        trial = trialstart.TrialIds(int(spec["trial_id"]), int(spec["seed"]), spec["hparams"])
 
         latest = commit.get("latest_checkpoint")
         steps = int(commit.get("steps_completed") or 0)
-        info = trialstart._cluster_info(
+        info = trialstart.cluster_info(
             engine.paths,
             int(spec["experiment_id"]),
             trial,
@@ -486,9 +432,9 @@ class GangShares:
         working directory, with a clean environment (the submitter's stays on its machine)
         and this node's slot variables."""
         from det_local.errors import TrialError
-        from det_local.sched import userfiles
-        from det_local.sched.plan import LaunchPlan, base_env
-        from det_local.sched.users import identity as identity_of
+        from det_local.sched.run import userfiles
+        from det_local.sched.run.launchplan import LaunchPlan, base_env
+        from det_local.sched.run.runas import identity as identity_of
 
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
@@ -548,7 +494,7 @@ class GangShares:
     def adopt_owner(self, job: JobRecord) -> None:
         """This node's job of a gang across machines, found running after a restart (its local
         ranks adopted, or none here): the placer takes the gang back."""
-        if job.kind == "TRIAL" and job.slots_needed == 0:
+        if job.kind == JobKind.TRIAL and job.slots_needed == 0:
             self._coordinate(job)  # its run record again (it has no process)
         self._adopted(job, f"gang job {job.id} was running across machines")
 
@@ -576,9 +522,9 @@ class GangShares:
         if job.state != SCHEDULED:
             return
         why = "the cluster did not take it back after the daemon restarted"
-        if job.kind == MEMBER:
+        if job.kind == JobKind.MEMBER:
             self.drop_member(job_id, why)
-        elif job.kind == "COMMAND":
+        elif job.kind == JobKind.COMMAND:
             self.remote_command_ended(job_id, 1, "another machine", why)
         else:
             run = engine.runs.get(job.trial_id or -1)
@@ -612,7 +558,7 @@ class GangShares:
                 run.kill_requested = True
 
     def relay_down(self, job_id: int, frame: dict[str, Any]) -> None:
-        from det_local.sched.trialserver import send
+        from det_local.sched.sessions.trialserver import send
 
         run = self.relays.get(job_id)
         if run is None:
@@ -636,22 +582,3 @@ class GangShares:
 
 def _what(job: JobRecord) -> str:
     return f"trial {job.trial_id}" if job.trial_id is not None else f"command {job.id}"
-
-
-def gang_key(gang: dict[str, Any]) -> tuple[int, int, str, int]:
-    """One order of gangs on every machine: (priority, submission time at the owner, owner,
-    owner's job id); smaller is older (goes first)."""
-    key = gang.get("key") or [0, 0, "", 0]
-    return (int(key[0]), int(key[1]), str(key[2]), int(key[3]))
-
-
-def share_key(job: JobRecord, node: str) -> tuple[int, int, str, int]:
-    """A share's place in that order: a member's is its gang's; this node's own trial job's is
-    made the way its owner (`node`) sends it in `reserve`."""
-    if job.kind == MEMBER:
-        return gang_key(job.gang or {})
-    return owner_key(job, node)
-
-
-def owner_key(job: JobRecord, node: str) -> tuple[int, int, str, int]:
-    return (int(job.priority), int(job.submitted_at * 1e9), node, job.id)

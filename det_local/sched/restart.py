@@ -16,7 +16,7 @@ twice:
 * **unmanaged** (core_v2) runs lost their process's connection: they end ERROR;
 * **a gang across machines** (a share of this node's trial, or of a peer's): its running
   ranks are adopted too, and the cluster's placer takes the gang back once the other nodes
-  are heard (within `sched/gangs.REATTACH_S`); a share nobody takes back is ended (a trial
+  are heard (within `sched/gangseam.REATTACH_S`); a share nobody takes back is ended (a trial
   is then requeued from its latest checkpoint, as after a lost machine).
 """
 
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from det_local.sched import unmanaged
-from det_local.sched.commands import Commands
-from det_local.sched.experiments import ExperimentRun, TrialRun, set_stopping
-from det_local.sched.gangs import MEMBER, GangShares
-from det_local.sched.jobqueue import TRIAL
-from det_local.sched.launcher import Lost
-from det_local.sched.supervisor import Supervisor
+from det_local.sched.gangs import GangShares
+from det_local.sched.life.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.run.commands import Commands
+from det_local.sched.run.launcher import Lost
+from det_local.sched.run.supervisor import Supervisor
+from det_local.sched.sessions import unmanaged
 from det_local.store.jobs import RESERVED, SCHEDULED, JobRecord
-from det_local.store.states import State, Stopping
+from det_local.store.states import JobKind, State, Stopping
 
 
-class Restarting(unmanaged.Engine, Protocol):
+class Restarting(unmanaged.UnmanagedHost, Protocol):
     """What the restart needs of the engine."""
 
     experiments: dict[int, ExperimentRun]
@@ -72,20 +71,20 @@ def recover(engine: Restarting) -> None:
     live: set[str] = set()
     for job in store.jobs.active():
         if job.state == RESERVED:  # a gang's share never committed: its owner places it again
-            if job.kind == MEMBER:
+            if job.kind == JobKind.MEMBER:
                 store.jobs.finish(job.id, None, "the daemon restarted before its gang committed")
             else:
                 store.jobs.requeue(job.id)
             continue
-        if job.kind == MEMBER and job.state != SCHEDULED:
+        if job.kind == JobKind.MEMBER and job.state != SCHEDULED:
             store.jobs.finish(job.id, None, "the daemon restarted; its owner places it again")
             continue
         if job.state != SCHEDULED:
             continue
-        if job.gang is not None and job.kind != MEMBER and job.slots_needed == 0:
+        if job.gang is not None and job.kind != JobKind.MEMBER and job.slots_needed == 0:
             # this node runs none of the gang's processes (they run on peers): nothing to
             # adopt here; the cluster takes the gang back (or it ends, sched/gangs.py)
-            if job.kind == TRIAL:
+            if job.kind == JobKind.TRIAL:
                 assert job.experiment_id is not None
                 engine.experiment(job.experiment_id)
             engine.gangs.adopt_owner(job)
@@ -116,16 +115,16 @@ def recover(engine: Restarting) -> None:
 
 
 def _adopted(engine: Restarting, job: JobRecord) -> None:
-    if job.kind == MEMBER:  # its owner takes it back once their link is up again
+    if job.kind == JobKind.MEMBER:  # its owner takes it back once their link is up again
         engine.gangs.adopt_member(job)
         return
-    if job.kind == TRIAL:
+    if job.kind == JobKind.TRIAL:
         assert job.experiment_id is not None and job.trial_id is not None
         engine.adopt_trial(engine.experiment(job.experiment_id), job)
         if job.gang is not None:  # its ranks run on other nodes too
             engine.gangs.adopt_owner(job)
     engine.note(f"adopted {job.kind.lower()} job {job.id} (pid {job.pid}) still running")
-    if job.kind == TRIAL and job.experiment_id is not None:
+    if job.kind == JobKind.TRIAL and job.experiment_id is not None:
         exp = engine.experiments[job.experiment_id]
         run = engine.runs.get(job.trial_id or -1)
         if run is not None and exp.stopping in (Stopping.PAUSE, Stopping.KILL):
@@ -141,13 +140,13 @@ def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
     process never started; lost.problem: why its exit record was refused)."""
     if lost.problem is not None:
         engine.note(f"job {job.id}: {lost.problem}", level="WARNING")
-    if job.kind == MEMBER:
+    if job.kind == JobKind.MEMBER:
         engine.store.jobs.finish(job.id, lost.code, "its ranks ended while the daemon was down")
         # a machine that died and came back is a lost machine for the gang's owner, never a
         # failed trial: its ranks went with the daemon (federate/gangs.py reports it)
         engine.gangs.died_with_daemon[job.id] = dict(job.gang or {})
         return
-    if job.kind != TRIAL:
+    if job.kind != JobKind.TRIAL:
         engine.commands.settle_lost(job, lost.code, lost.spawned, lost.problem)
         return
     assert job.experiment_id is not None and job.trial_id is not None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 
 DEFAULT_PREEMPTION_TIMEOUT = 30.0
@@ -48,7 +49,7 @@ class DaemonSettings:
         """auto | v2 | v1 | off: daemon.yaml's cgroups, else DET_LOCAL_CGROUPS, else auto."""
         import os
 
-        from det_local.sched.cgroups import ENV, parse_setting
+        from det_local.sched.run.cgroups import ENV, parse_setting
 
         if self.cgroups is not None:
             return self.cgroups
@@ -78,21 +79,6 @@ _SCHED = {"mode", "preemption", "preemption_timeout", "user_quota", "user_weight
 _SLOTS = {"cpu_slots", "foreign_gpus_busy"}
 
 
-def _check_keys(where: str, raw: dict[str, Any], allowed: set[str], source: str) -> None:
-    import difflib
-
-    for key in raw:
-        if key not in allowed:
-            near = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-            hint = (
-                f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(allowed))}"
-            )
-            raise ConfigError(f"unknown field '{where}{key}' in {source}{hint}")
-
-
-check_keys = _check_keys  # ConfigError for a key not allowed, with a did-you-mean (pools/)
-
-
 def _section(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     value = raw.get(key) or {}
     if not isinstance(value, dict):
@@ -113,11 +99,11 @@ def load_settings(path: Path) -> DaemonSettings:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of settings")
-    _check_keys("", raw, _TOP, source)
+    check_section_keys("", raw, _TOP, source)
     sched = _section(raw, "scheduler", source)
     slots = _section(raw, "slots", source)
-    _check_keys("scheduler.", sched, _SCHED, source)
-    _check_keys("slots.", slots, _SLOTS, source)
+    check_section_keys("scheduler.", sched, _SCHED, source)
+    check_section_keys("slots.", slots, _SLOTS, source)
     mode = sched.get("mode", "priority")
     if mode not in ("priority", "fair_share"):
         raise ConfigError(
@@ -147,7 +133,7 @@ def load_settings(path: Path) -> DaemonSettings:
         raise ConfigError(f"slots.cpu_slots in {source}: expected an integer >= 1, found {cpu!r}")
     cgroups: str | None = None
     if "cgroups" in raw:
-        from det_local.sched.cgroups import parse_setting
+        from det_local.sched.run.cgroups import parse_setting
 
         try:
             cgroups = parse_setting(raw["cgroups"], f"cgroups in {source}")

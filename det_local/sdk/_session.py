@@ -1,6 +1,6 @@
 """Where the SDK reads and where it sends changes: the store of DET_LOCAL_HOME, read-only,
 and the engine's spool, as the caller's own Unix user (so the owner rules of
-`sched/handlers.py` hold for the SDK exactly as for the CLI). With no engine running, a
+`sched/intake/handlers.py` hold for the SDK exactly as for the CLI). With no engine running, a
 change is applied by an engine in this process, as `det-local experiment kill` does."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Session:
     def send(self, op: str, payload: dict[str, Any]) -> Any:
         """A change, as a request to the engine (or an engine here when none runs); its
         answer's value, or the DetLocalError whose one line the engine answered."""
-        from det_local.sched.control import control_job
+        from det_local.client.control import control_job
 
         return control_job(self.paths, op, payload)
 
@@ -39,7 +39,7 @@ class Session:
         """pause / activate / kill an experiment, as `det-local experiment ACTION` does
         (activate with no engine running queues nothing: a daemon must run to start it)."""
         from det_local.errors import DetLocalError
-        from det_local.sched.control import lock_free
+        from det_local.sched.enginelock import lock_free
 
         if action == "activate" and lock_free(self.paths):
             raise DetLocalError(

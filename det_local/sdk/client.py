@@ -21,8 +21,8 @@ from typing import Any
 
 from det_local.sdk import checkpoint as _ck
 from det_local.sdk import experiment as _exp
+from det_local.sdk import experiment as _experiment
 from det_local.sdk import model as _model
-from det_local.sdk import trial as _trial
 from det_local.sdk._session import Session
 from det_local.sdk.checkpoint import (
     Checkpoint,
@@ -45,7 +45,7 @@ from det_local.sdk.enums import (
     TrialSortBy,
     TrialState,
 )
-from det_local.sdk.experiment import Experiment
+from det_local.sdk.experiment import Experiment, Trial
 from det_local.sdk.metrics import (
     TrainingMetrics,
     TrialMetrics,
@@ -56,7 +56,6 @@ from det_local.sdk.metrics import (
     iter_trials_metrics as _iter_metrics,
 )
 from det_local.sdk.model import Model, ModelVersion
-from det_local.sdk.trial import Trial
 from det_local.store.paths import Paths
 
 
@@ -119,7 +118,7 @@ class Determined:
         return found
 
     def get_trial(self, trial_id: int) -> Trial:
-        return _trial.get_trial(self._session, trial_id)
+        return _experiment.get_trial(self._session, trial_id)
 
     def get_checkpoint(self, uuid: str) -> Checkpoint:
         return _ck.get_checkpoint(self._session, uuid)

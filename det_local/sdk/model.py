@@ -1,5 +1,6 @@
 """`Model` and `ModelVersion` (Determined 0.38's model registry) over det-local's store
-(`store/registry.py`); changes go to the engine as the caller (`sched/lifecycle/registry.py`)."""
+(`store/registry.py`); changes go to the engine as the caller
+(`sched/intake/lifecycle/registry.py`)."""
 
 from __future__ import annotations
 

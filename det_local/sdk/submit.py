@@ -73,7 +73,8 @@ def create(
     cfg = parse_config(data, source=source)  # a bad config fails here, naming the field
     with tempfile.TemporaryDirectory(prefix="det-local-sdk-") as tmp:
         context = _context(pathlib.Path(tmp), model_dir, includes)
-        from det_local.sched.requester import lock_free, retrying
+        from det_local.client.requester import retrying
+        from det_local.sched.enginelock import lock_free
 
         def attempt() -> int:
             if not lock_free(session.paths):
@@ -113,9 +114,9 @@ def _context(
 def _submit_remote(
     session: Session, config: dict[str, Any], context: pathlib.Path, source: str
 ) -> int:
-    from det_local.sched.plan import allowed_submitter_vars
-    from det_local.sched.requester import remote_request
-    from det_local.sched.userfiles import current_umask
+    from det_local.client.requester import remote_request
+    from det_local.sched.run.launchplan import allowed_submitter_vars
+    from det_local.sched.run.userfiles import current_umask
 
     payload = {
         "config": config,

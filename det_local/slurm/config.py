@@ -53,14 +53,14 @@ class SlurmPool:
 
 def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
     """One pool's `slurm:` mapping, checked; ConfigError naming the field."""
-    from det_local.sched.settings import check_keys
+    from det_local.config.suggest import check_section_keys
 
     where = f"resource_pools.{name}.slurm"
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{where} in {source}: expected a mapping with at least 'partition', found {raw!r}"
         )
-    check_keys(f"{where}.", raw, _KEYS, source)
+    check_section_keys(f"{where}.", raw, _KEYS, source)
     partition = raw.get("partition")
     if not isinstance(partition, str) or not partition.strip():
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""A Slurm pool's launcher: each trial run is one batch job (`sched/launcher.py`'s rules).
+"""A Slurm pool's launcher: each trial run is one batch job (`sched/run/launcher.py`'s rules).
 
 * spawn: the plan's batch script (`script.py`) goes to ``sbatch`` as the run's user; the Slurm
   job id is the run's "pid" (recorded in the job's pid column at once; its start time is the
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from det_local.sched.launcher import Lost, RunHandle
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.run.launcher import Lost, RunHandle
+from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm import client
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
@@ -83,7 +83,7 @@ class SlurmLauncher:
 
     # ------------------------------------------------------------------ rules 1, 2
     def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
-        from det_local.sched import userfiles
+        from det_local.sched.run import userfiles
 
         slots = self.pool_slots(job) or slots_of(plan)
         script = batch_script(plan, self.pool, slots)

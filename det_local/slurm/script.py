@@ -1,6 +1,6 @@
 """The batch script of one trial run on a Slurm pool, generated from its launch plan.
 
-The plan is the one a local run carries out (`sched/trialplan.build_trial_plan`): the same
+The plan is the one a local run carries out (`sched/run/trialplan.build_trial_plan`): the same
 argv, environment (DET_*, the session's socket and token, the latest checkpoint), working
 directory and umask. The script adds only what Slurm decides: the node's name
 (``DET_AGENT_ID``), the GPUs Slurm gave (``CUDA_VISIBLE_DEVICES`` is Slurm's, never this
@@ -22,7 +22,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from det_local.sched.plan import LaunchPlan
+from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm.config import SlurmPool
 
 # variables of the plan that describe this machine, not the compute node

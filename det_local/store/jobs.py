@@ -33,7 +33,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from det_local.errors import NotFoundError, StateError
-from det_local.store.states import JOB_ACTIVE, JOB_SOURCES, JobState, check_job_transition
+from det_local.store.states import (
+    JOB_ACTIVE,
+    JOB_SOURCES,
+    JobKind,
+    JobState,
+    check_job_transition,
+)
 from det_local.store.usage import SCHEMA as USAGE_SCHEMA
 from det_local.store.usage import on_job_move
 
@@ -84,6 +90,7 @@ RESERVED = JobState.RESERVED
 SCHEDULED = JobState.SCHEDULED
 DONE = JobState.DONE
 _STATE_OF = {s.value: s for s in JobState}  # a stored string -> its member (faster than a call)
+_KIND_OF = {k.value: k for k in JobKind}
 CANCELED = JobState.CANCELED
 ENDED = (DONE, CANCELED)
 
@@ -107,7 +114,7 @@ _ORDER = " ORDER BY position, id"  # what the position index gives (ties: by id)
 @dataclass
 class JobRecord:
     id: int
-    kind: str
+    kind: JobKind
     name: str
     user: str
     uid: int
@@ -163,7 +170,7 @@ def _state(value: str) -> JobState:
 def _row(r: Sequence[Any]) -> JobRecord:
     return JobRecord(
         id=r[0],
-        kind=r[1],
+        kind=_KIND_OF[r[1]],
         name=r[2],
         user=r[3],
         uid=r[4],
@@ -324,7 +331,7 @@ class JobTable:
     def create(
         self,
         *,
-        kind: str,
+        kind: JobKind,
         name: str,
         user: str,
         uid: int,

@@ -1,7 +1,7 @@
 """What users do with runs after they end: archive an experiment (it leaves `experiment
 list`), edit a checkpoint's metadata, delete an experiment's records.
 
-Only the engine writes (`sched/lifecycle/`); readers use :meth:`LifecycleTable.archived`.
+Only the engine writes (`sched/intake/lifecycle/`); readers use :meth:`LifecycleTable.archived`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 numbered versions, each pointing at one checkpoint (Determined's model registry).
 
 A checkpoint a version points at is *registered*: checkpoint GC keeps it
-(`sched/ckpt_gc.py`), `checkpoint delete` refuses it and deleting its experiment leaves it
-(`sched/lifecycle/`). Only the engine writes these tables (`sched/lifecycle/registry.py`).
+(`sched/life/ckpt_gc.py`), `checkpoint delete` refuses it and deleting its experiment leaves it
+(`sched/intake/lifecycle/`). Only the engine writes these tables
+(`sched/intake/lifecycle/registry.py`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ does not allow) and raises :class:`~det_local.errors.StateError`, naming both st
 in a state is always allowed.
 
 The queue's priorities (:data:`MIN_PRIORITY`..:data:`MAX_PRIORITY`, :data:`DEFAULT_PRIORITY`)
-live with the scheduling policy, in ``det_local/sched/policy.py``.
+live with the scheduling policy, in ``det_local/sched/queue/policy.py``.
 """
 
 from __future__ import annotations
@@ -123,6 +123,25 @@ class JobState(str, enum.Enum):
 
 
 JOB_ACTIVE = frozenset({JobState.QUEUED, JobState.RESERVED, JobState.SCHEDULED})
+
+
+class JobKind(str, enum.Enum):
+    """What a job runs: a trial's run, a command (or a shell, notebook or TensorBoard: the
+    interactive tasks), or a MEMBER: this node's share of a trial owned by another machine."""
+
+    TRIAL = "TRIAL"
+    COMMAND = "COMMAND"
+    SHELL = "SHELL"
+    NOTEBOOK = "NOTEBOOK"
+    TENSORBOARD = "TENSORBOARD"
+    MEMBER = "MEMBER"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the kinds a command runs as (`sched/run/commands.py`)
+TASK_KINDS = (JobKind.COMMAND, JobKind.SHELL, JobKind.NOTEBOOK, JobKind.TENSORBOARD)
 
 _J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {

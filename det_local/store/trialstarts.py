@@ -1,4 +1,4 @@
-"""How long each run of a trial took to start, cold or warm (`sched/trialstarts.py` measures
+"""How long each run of a trial took to start, cold or warm (`sched/warm/starttimes.py` measures
 it): one row per run, what `experiment describe` summarises."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from det_local.trial.info import (
+from det_local.wire.trialinfo import (
     ClusterInfo,
     RendezvousInfo,
     ResourcesInfo,

@@ -9,7 +9,8 @@ start ("unmanaged": a plain ``python train.py``, a notebook), recorded in the lo
 ``init`` asks the det-local engine of DET_LOCAL_HOME for an experiment and its trial (an
 ``unmanaged`` request through the spool: the daemon if one runs, else an engine started in this
 process for its lifetime, as ``det-local run`` does), then reports over the trial socket like a
-trial (see ``det_local.sched.unmanaged``). ``experiment list`` and ``trial describe`` show it
+trial (see ``det_local.sched.sessions.unmanaged``). ``experiment list`` and ``trial describe`` show
+it
 at once. ``close()`` (or a normal exit) ends the trial and its experiment COMPLETED; an uncaught
 exception or a non-zero exit code ends them ERROR (Determined's rule).
 
@@ -48,7 +49,7 @@ from det_local.trial.core import (
     TrainContext,
 )
 from det_local.trial.core import init as _core_init
-from det_local.trial.info import ClusterInfo, get_cluster_info
+from det_local.wire.trialinfo import ClusterInfo, get_cluster_info
 
 if TYPE_CHECKING:
     from det_local.trial.core import PreemptContext
@@ -348,7 +349,7 @@ class _UnmanagedContext(Context):
         self.close()
 
     def _end(self, state: str, message: str | None) -> None:
-        from det_local.sched.unmanaged import END
+        from det_local.sched.sessions.unmanaged import END
 
         with self._end_lock:
             if self._ended:
@@ -374,7 +375,7 @@ def _start_unmanaged(
     storage: str | dict[str, Any] | None,
     preempt_mode: PreemptMode,
 ) -> _UnmanagedContext:
-    from det_local.sched.unmanaged import MAX_TOKEN_BYTES
+    from det_local.sched.sessions.unmanaged import MAX_TOKEN_BYTES
     from det_local.store.safe_open import read_bounded
     from det_local.trial.session import Session
 
@@ -435,8 +436,9 @@ def _start_unmanaged(
 def _request(payload: dict[str, Any]) -> tuple[_EngineThread | None, dict[str, Any]]:
     """Ask the running engine (the daemon, another det-local process) for the run, or start an
     engine in this process when none runs."""
-    from det_local.sched.control import lock_free, remote_request, retrying
-    from det_local.sched.unmanaged import OP
+    from det_local.client.requester import remote_request, retrying
+    from det_local.sched.enginelock import lock_free
+    from det_local.sched.sessions.unmanaged import OP
     from det_local.store.paths import Paths
 
     paths = Paths.from_env()
@@ -462,7 +464,7 @@ async def _connections_closed(engine: Any, timeout: float = 5.0) -> None:
     import asyncio
 
     me = asyncio.current_task()
-    others = [t for t in asyncio.all_tasks() if t is not me and t not in engine._tasks]
+    others = [t for t in asyncio.all_tasks() if t is not me and t not in engine.tasks]
     if others:
         await asyncio.wait(others, timeout=timeout)
 
@@ -473,8 +475,8 @@ class _EngineThread:
     Other det-local commands meanwhile send their requests to it."""
 
     def __init__(self, paths: Any) -> None:
-        from det_local.sched.control import EngineGone
-        from det_local.sched.embedded import EngineLock
+        from det_local.client.requester import EngineGone
+        from det_local.sched.enginelock import EngineLock
 
         self.paths = paths
         self.lock = EngineLock(paths)
@@ -515,8 +517,7 @@ class _EngineThread:
         self._ready.set()
         try:
             await self._stop.wait()
-            engine._check_idle()
-            if not engine._idle.is_set():
+            if not engine.is_idle():
                 print(
                     "det-local: this process runs the det-local engine; waiting for the work "
                     "other det-local commands gave it to finish (a `det-local daemon start` "

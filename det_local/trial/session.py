@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any
 
-from det_local import rpc
 from det_local.errors import DetLocalError
+from det_local.wire import rpc
 
 FLUSH_INTERVAL = 0.05
 MAX_BATCH = 20_000

@@ -3,7 +3,7 @@ trial of one experiment is forked (a warm start), instead of a fresh interpreter
 ``import torch`` again.
 
 It runs as the trial's user, started by the daemon through the same wrapper and privilege drop
-as a trial (``sched/zygotes.py``)::
+as a trial (``sched/warm/zygotes.py``)::
 
     python3 -m det_local.trial.zygote SOCKET DAEMON_PID DAEMON_UID MODULE[,MODULE...]
 
@@ -47,7 +47,7 @@ import time
 import warnings
 from typing import Any
 
-from det_local import rpc
+from det_local.wire import rpc
 from det_local.wire.budget import ZYGOTE_REQUEST
 
 PRELOAD_FAILED, CUDA_INITIALISED, THREADS_RUNNING = 3, 4, 5
@@ -112,7 +112,7 @@ def threads() -> list[str]:
 
 
 # Threads a preload leaves running, by kind, and what the zygote does about each (the reason is
-# written once, in sched/zygotes.py's "Threads after the preload"). Told apart by their names
+# written once, in sched/warm/zygotes.py's "Threads after the preload"). Told apart by their names
 # (/proc/self/task/*/comm), the main thread by its id.
 #
 # * jemalloc's background thread (``jemalloc_bg_thd``: pyarrow's bundled jemalloc, started when

@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from det_local.sched import slots as hardware
+from det_local.sched.queue import hardware as hardware
+from det_local.store.states import JobState
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def slot_jobs(jobs: Any, idle: Any, now: float) -> dict[int, dict[str, Any]]:
     the sampler's `job_idle` rows): what `det-local slots` adds to each held slot."""
     out: dict[int, dict[str, Any]] = {}
     for job in jobs:
-        if job.state != "SCHEDULED":
+        if job.state != JobState.SCHEDULED:
             continue
         st = idle.get(job.id)
         idle_since = None if st is None else st.idle_since

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from det_local.store.states import JobKind, JobState
 from det_local.usage import gpus, proctree
 from det_local.usage.settings import IDLE_CPU_PCT, STOP, UsageSettings, load_usage_settings
 
@@ -85,7 +86,7 @@ class Sampler:
 
     # ------------------------------------------------------------------ the loop
     def _interval(self, job: Any) -> float:
-        if job.kind == "TRIAL" and self._profiling(job):
+        if job.kind == JobKind.TRIAL and self._profiling(job):
             return min(self.settings.profiling_interval, self.settings.interval)
         return self.settings.interval
 
@@ -114,7 +115,7 @@ class Sampler:
         """Sample the jobs that are due; returns the seconds until the next is."""
         now = time.monotonic()
         due: list[_Due] = []
-        running = [j for j in self.view.active_jobs() if j.state == "SCHEDULED"]
+        running = [j for j in self.view.active_jobs() if j.state == JobState.SCHEDULED]
         keys = {(j.id, j.run_id) for j in running}
         for key in [k for k in self.next_due if k not in keys]:
             del self.next_due[key]
@@ -193,7 +194,7 @@ class Sampler:
         kind = job.kind.lower()
         idle_for = _human(wall - since)
         what = f"{kind} {job.id} ({job.user})"
-        if job.kind != "TRIAL" and timeout is not None and self.settings.policy(kind) == STOP:
+        if job.kind != JobKind.TRIAL and timeout is not None and self.settings.policy(kind) == STOP:
             why = (
                 f"stopped: its slots {job.slots} were idle for {idle_for} "
                 f"(idle_timeout {_human(float(timeout))}; idle_policy stop)"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 
 DEFAULT_INTERVAL_S = 5.0
@@ -102,15 +103,7 @@ def load_usage_settings(path: Path) -> UsageSettings:
     if not isinstance(sm, dict):
         raise ConfigError(f"system_metrics in {source}: expected a mapping, found {sm!r}")
     allowed = {"enabled", "interval", "profiling_interval", "keep_full", "max_rows_per_run"}
-    for key in sm:
-        if key not in allowed:
-            import difflib
-
-            near = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-            hint = (
-                f"; did you mean '{near[0]}'?" if near else f"; valid: {', '.join(sorted(allowed))}"
-            )
-            raise ConfigError(f"unknown field 'system_metrics.{key}' in {source}{hint}")
+    check_section_keys("system_metrics.", sm, allowed, source)
     warnings: list[str] = []
     interval = _interval(
         sm.get("interval"), "system_metrics.interval", source, DEFAULT_INTERVAL_S, warnings

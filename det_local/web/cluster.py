@@ -1,5 +1,6 @@
 """The cluster page and its API: this node and its peers as `det-local cluster peers` shows
-them (asked of the running daemon over its cluster socket, `api.cluster_view`), with the jobs
+them (asked of the running daemon over its cluster socket, `clusterviews.cluster_view`), with the
+jobs
 this node knows to run on each.
 
     GET /cluster          the page
@@ -18,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
 from det_local.federate.client import NoDaemon
 from det_local.tables import fmt_time
+from det_local.views import cluster as clusterviews
 from det_local.web.html import Html, join, page, table, tag
 from det_local.web.pages import html_errors, state_badge
 from det_local.web.responses import json_errors, json_response
@@ -35,7 +36,7 @@ START = (
 @json_errors
 def peers_api(request: Request) -> Response:
     try:
-        return json_response(api.peers_json())
+        return json_response(clusterviews.peers_json())
     except NoDaemon as err:
         return json_response({"error": f"{err}; {START}"}, NO_DAEMON_STATUS)
 
@@ -43,7 +44,7 @@ def peers_api(request: Request) -> Response:
 @json_errors
 def cluster_api(request: Request) -> Response:
     try:
-        return json_response(api.cluster_view())
+        return json_response(clusterviews.cluster_view())
     except NoDaemon as err:
         return json_response({"error": f"{err}; {START}"}, NO_DAEMON_STATUS)
 
@@ -67,7 +68,7 @@ def _queue(digest: Any) -> str:
 @html_errors
 def cluster_page(request: Request) -> Response:
     try:
-        view = api.cluster_view()
+        view = clusterviews.cluster_view()
     except NoDaemon as err:
         body = tag("p", f"{err}; {START}.", id="cluster-off")
         return page("Cluster", body)

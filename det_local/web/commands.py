@@ -1,5 +1,5 @@
 """The commands page and its API: commands, shells, notebooks and TensorBoards (every job
-that is not a trial), as `det-local cmd list --json` gives them (`api.commands_json`).
+that is not a trial), as `det-local cmd list --json` gives them (`clusterviews.commands_json`).
 
     GET /commands?all=1       the page (with ended ones: ?all=1)
     GET /api/commands?all=1   cmd list --json
@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
-from det_local.sched.taskview import NOTEBOOK
+from det_local.client.taskview import NOTEBOOK
 from det_local.tables import fmt_time
+from det_local.views import cluster as clusterviews
 from det_local.web.html import Html, join, link, page, table, tag
 from det_local.web.pages import duration, html_errors, state_badge
 from det_local.web.responses import json_errors, json_response, query_flag
@@ -28,7 +28,7 @@ TOKEN_NOTE = "token: printed to its owner by `det-local notebook start`"
 
 @json_errors
 def commands_api(request: Request) -> Response:
-    return json_response(api.commands_json(include_done=query_flag(request, "all")))
+    return json_response(clusterviews.commands_json(include_done=query_flag(request, "all")))
 
 
 def _link(c: dict[str, object]) -> Html:
@@ -51,7 +51,7 @@ def _state(c: dict[str, object]) -> Html:
 def commands_page(request: Request) -> Response:
     everything = query_flag(request, "all")
     now = time.time()
-    listed = api.commands_json(include_done=everything)
+    listed = clusterviews.commands_json(include_done=everything)
     rows = [
         [
             link(f"/commands/{c['id']}", c["id"]),  # its page: system metrics (web/usage.py)
@@ -75,7 +75,7 @@ def commands_page(request: Request) -> Response:
         else link("/commands?all=1", "with ended ones")
     )
     # jobs flagged for holding idle slots: their owners' notice (issue 30, web/usage.py)
-    notes = api.idle_notes([int(str(c["id"])) for c in listed])
+    notes = clusterviews.idle_notes([int(str(c["id"])) for c in listed])
     told = [tag("p", line, class_="error idle-note") for line in notes.values()]
     body = join([tag("p", other), table(headers, rows, id_="commands"), *told])
     return page("Commands", body)

@@ -2,7 +2,7 @@
 sends them): the experiments side by side (name, state, searcher, metric, best value, trials,
 where their hyperparameter spaces differ), and their learning curves, one chart per metric
 with one line per trial coloured by experiment (drawn by static/dashboard.js from
-/api/experiments/{id}/metrics). At most api.MAX_COMPARE experiments; a bad id is 400, an
+/api/experiments/{id}/metrics). At most expviews.MAX_COMPARE experiments; a bad id is 400, an
 unknown one 404, each in one line."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
 from det_local.tables import fmt_value
+from det_local.views import experiments as expviews
 from det_local.web.html import Html, join, link, page, page_data, table, tag
 from det_local.web.pages import curve_controls, html_errors, state_badge, value
 from det_local.web.responses import BadRequest, as_id
@@ -38,9 +38,9 @@ def parse_ids(values: list[str]) -> list[int]:
             exp_id = as_id(part, "experiment")
             if exp_id not in ids:
                 ids.append(exp_id)
-    if len(ids) > api.MAX_COMPARE:
+    if len(ids) > expviews.MAX_COMPARE:
         raise BadRequest(
-            f"{len(ids)} experiments: at most {api.MAX_COMPARE} can be compared at once "
+            f"{len(ids)} experiments: at most {expviews.MAX_COMPARE} can be compared at once "
             "(choose fewer)"
         )
     return ids
@@ -86,7 +86,7 @@ def space_rows(exps: list[dict[str, Any]]) -> tuple[list[list[Any]], list[str]]:
 @html_errors
 def compare_page(request: Request) -> Response:
     ids = parse_ids(request.query_params.getlist("ids"))
-    exps = api.compare_json(ids)
+    exps = expviews.compare_json(ids)
     heads = [""] + [link(f"/experiments/{e['id']}", f"exp {e['id']}") for e in exps]
 
     def better(e: dict[str, Any]) -> str:

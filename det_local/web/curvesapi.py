@@ -22,9 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from det_local import api
 from det_local.errors import DetLocalError
 from det_local.store.states import State
+from det_local.views import experiments as expviews
+from det_local.views import logs as logviews
 from det_local.web.responses import error_status, json_errors, json_response, path_id, query_int
 
 CHUNK = 1 << 16  # bytes read from the log file at a time
@@ -33,7 +34,7 @@ CHUNK = 1 << 16  # bytes read from the log file at a time
 @json_errors
 def experiment_progress(request: Request) -> Response:
     exp_id = path_id(request, "experiment_id")
-    state, last = api.experiment_progress(exp_id, query_int(request, "after"))
+    state, last = expviews.experiment_progress(exp_id, query_int(request, "after"))
     ended = State(state).terminal
     return json_response({"experiment_id": exp_id, "state": state, "ended": ended, "last": last})
 
@@ -43,7 +44,7 @@ async def raw_log(request: Request) -> Response:
     later lines are for the next download)."""
     try:
         trial_id = path_id(request, "trial_id")
-        name, f = await anyio.to_thread.run_sync(api.open_trial_log, trial_id)
+        name, f = await anyio.to_thread.run_sync(logviews.open_trial_log, trial_id)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
     headers = {"Content-Disposition": f'attachment; filename="{name}"'}

@@ -3,7 +3,7 @@
     GET /experiments/{id}/hparams          parallel coordinates with brushing, the selected
                                            trials, a scatter per hyperparameter against the
                                            searcher metric (drawn by static/hparams.js)
-    GET /api/experiments/{id}/hparams      api.hparams_json: what the page draws
+    GET /api/experiments/{id}/hparams      expviews.hparams_json: what the page draws
 
 The page itself shows the search space from the config (every value escaped); the charts,
 notes and tables come from the API and are rebuilt with textContent only, every few seconds
@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
 from det_local.tables import fmt_value
+from det_local.views import experiments as expviews
 from det_local.web.html import STATIC, Html, join, link, page, page_data, table, tag
 from det_local.web.pages import html_errors, state_badge
 from det_local.web.responses import json_errors, json_response, path_id
@@ -30,13 +30,13 @@ SCRIPTS = ["vendor/echarts/echarts.min.js", "hparams.js"]
 
 @json_errors
 def hparams_api(request: Request) -> Response:
-    return json_response(api.hparams_json(path_id(request, "experiment_id")))
+    return json_response(expviews.hparams_json(path_id(request, "experiment_id")))
 
 
 @html_errors
 def hparams_page(request: Request) -> Response:
     exp_id = path_id(request, "experiment_id")
-    d = api.hparams_json(exp_id)
+    d = expviews.hparams_json(exp_id)
     metric = d["metric"]
     better = "smaller" if d["smaller_is_better"] else "larger"
     facts = tag(

@@ -5,7 +5,7 @@
     GET /api/experiments/{id}                    experiment describe --json
     GET /api/experiments/{id}/metrics?group=G    each trial's reports of G (validation),
                                                  downsampled, best trial first, with what
-                                                 the x units need (api.experiment_curves):
+                                                 the x units need (expviews.experiment_curves):
                                                  {"experiment_id", "group", "state", ...,
                                                  "trials": [{"trial_id", ..., "reports"}]}
     GET /api/trials/{id}                         trial describe --json
@@ -25,7 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
+from det_local.views import cluster as clusterviews
+from det_local.views import experiments as expviews
+from det_local.views import logs as logviews
 from det_local.web.responses import (
     json_errors,
     json_response,
@@ -39,30 +41,30 @@ DEFAULT_TAIL = 1000  # lines a log view starts with
 
 @json_errors
 def experiments(request: Request) -> Response:
-    return json_response(api.experiments_json(all_users=True))
+    return json_response(expviews.experiments_json(all_users=True))
 
 
 @json_errors
 def experiment(request: Request) -> Response:
-    return json_response(api.experiment_json(path_id(request, "experiment_id")))
+    return json_response(expviews.experiment_json(path_id(request, "experiment_id")))
 
 
 @json_errors
 def experiment_metrics(request: Request) -> Response:
     exp_id = path_id(request, "experiment_id")
-    group = request.query_params.get("group") or api.VALIDATION
-    return json_response(api.experiment_curves(exp_id, group))
+    group = request.query_params.get("group") or expviews.VALIDATION
+    return json_response(expviews.experiment_curves(exp_id, group))
 
 
 @json_errors
 def trial(request: Request) -> Response:
-    return json_response(api.trial_json(path_id(request, "trial_id")))
+    return json_response(expviews.trial_json(path_id(request, "trial_id")))
 
 
 @json_errors
 def trial_metrics(request: Request) -> Response:
     group = request.query_params.get("group") or None
-    reports = api.trial_metrics_sampled(path_id(request, "trial_id"), group)
+    reports = expviews.trial_metrics_sampled(path_id(request, "trial_id"), group)
     return json_response([r.to_json() for r in reports])
 
 
@@ -70,18 +72,18 @@ def trial_metrics(request: Request) -> Response:
 def trial_logs(request: Request) -> Response:
     offset = query_int(request, "offset")
     tail = query_int(request, "tail", DEFAULT_TAIL)
-    chunk = api.trial_log_chunk(path_id(request, "trial_id"), offset=offset, tail=tail)
+    chunk = logviews.trial_log_chunk(path_id(request, "trial_id"), offset=offset, tail=tail)
     return json_response(chunk)
 
 
 @json_errors
 def jobs(request: Request) -> Response:
-    return json_response(api.jobs_json(include_done=query_flag(request, "all")))
+    return json_response(clusterviews.jobs_json(include_done=query_flag(request, "all")))
 
 
 @json_errors
 def slots(request: Request) -> Response:
-    return json_response(api.slots_json())
+    return json_response(clusterviews.slots_json())
 
 
 @json_errors

@@ -32,9 +32,10 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from det_local import api
 from det_local.errors import DetLocalError
 from det_local.store.states import State
+from det_local.views import experiments as expviews
+from det_local.views import logs as logviews
 from det_local.web.responses import error_status, json_response, path_id, query_int
 
 PER_CLIENT = 16
@@ -165,15 +166,17 @@ async def trial_stream(request: Request) -> Response:
         trial_id = path_id(request, "trial_id")
         offset = query_int(request, "offset", 0) or 0
         after = query_int(request, "metrics")
-        state, last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, after)
+        state, last = await anyio.to_thread.run_sync(expviews.trial_progress, trial_id, after)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
 
     async def poll() -> list[bytes]:
         nonlocal offset, last, state
-        read = functools.partial(api.trial_log_chunk, trial_id, offset=offset)
+        read = functools.partial(logviews.trial_log_chunk, trial_id, offset=offset)
         chunk = await anyio.to_thread.run_sync(read)
-        new_state, new_last = await anyio.to_thread.run_sync(api.trial_progress, trial_id, last)
+        new_state, new_last = await anyio.to_thread.run_sync(
+            expviews.trial_progress, trial_id, last
+        )
         out = []
         if chunk["lines"]:
             out.append(event("log", {"offset": chunk["offset"], "lines": chunk["lines"]}))
@@ -192,13 +195,15 @@ async def experiment_stream(request: Request) -> Response:
         return full
     try:
         exp_id = path_id(request, "experiment_id")
-        state, last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, None)
+        state, last = await anyio.to_thread.run_sync(expviews.experiment_progress, exp_id, None)
     except DetLocalError as err:
         return json_response({"error": str(err)}, error_status(err))
 
     async def poll() -> list[bytes]:
         nonlocal last, state
-        new_state, new_last = await anyio.to_thread.run_sync(api.experiment_progress, exp_id, last)
+        new_state, new_last = await anyio.to_thread.run_sync(
+            expviews.experiment_progress, exp_id, last
+        )
         out = _changes(new_last, last, new_state, state)
         last, state = new_last, new_state
         if not out and State(state).terminal:  # a paused experiment may be activated again

@@ -1,5 +1,5 @@
-"""The model registry's pages and API (`det-local model`'s reads, `api.models_json` and
-`api.model_json`): each model with its versions, and links to the trials their checkpoints
+"""The model registry's pages and API (`det-local model`'s reads, `expviews.models_json` and
+`expviews.model_json`): each model with its versions, and links to the trials their checkpoints
 come from.
 
     GET /models                 every model
@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
 from det_local.tables import fmt_time
+from det_local.views import experiments as expviews
 from det_local.web.html import Html, join, link, page, table, tag
 from det_local.web.pages import html_errors, state_badge
 from det_local.web.responses import json_errors, json_response
@@ -25,12 +25,12 @@ from det_local.web.responses import json_errors, json_response
 
 @json_errors
 def models_api(request: Request) -> Response:
-    return json_response(api.models_json())
+    return json_response(expviews.models_json())
 
 
 @json_errors
 def model_api(request: Request) -> Response:
-    return json_response(api.model_json(request.path_params["name"]))
+    return json_response(expviews.model_json(request.path_params["name"]))
 
 
 def _model_href(name: str) -> str:
@@ -52,7 +52,7 @@ def models_page(request: Request) -> Response:
             "archived" if m["archived"] else "",
             m["description"],
         ]
-        for m in api.models_json()
+        for m in expviews.models_json()
     ]
     headers = ["ID", "Name", "Versions", "Labels", "User", "Updated", "", "Description"]
     if not rows:
@@ -75,7 +75,7 @@ def _checkpoint_cells(c: dict[str, Any] | None) -> list[Any]:
 
 @html_errors
 def model_page(request: Request) -> Response:
-    data = api.model_json(request.path_params["name"])
+    data = expviews.model_json(request.path_params["name"])
     m = data["model"]
     facts = [
         ("Description", m["description"]),

@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from det_local import api
 from det_local.errors import DetLocalError
 from det_local.store.states import State
 from det_local.tables import flatten, fmt_time, fmt_value
+from det_local.views import cluster as clusterviews
+from det_local.views import experiments as expviews
 from det_local.web.html import Html, join, link, page, page_data, table, tag
 from det_local.web.responses import error_status, path_id, unexpected
 
@@ -72,8 +73,8 @@ def experiments_page(request: Request) -> Response:
     want_state, want_user, want_label = q.get("state", ""), q.get("user", ""), q.get("label", "")
     sort = q.get("sort", "id") if q.get("sort") in SORTS else "id"
     descending = q.get("order", "desc" if sort == "id" else "asc") == "desc"
-    exps = api.list_experiments(all_users=True)
-    summaries = api.experiment_summaries()
+    exps = expviews.list_experiments(all_users=True)
+    summaries = expviews.experiment_summaries()
     users = sorted({e.user for e in exps})
     labels = sorted({lb for e in exps for lb in e.labels})
     shown = [
@@ -140,7 +141,7 @@ def experiments_page(request: Request) -> Response:
     count = tag("p", f"{len(shown)} of {len(exps)} experiments", class_="muted")
     compare = tag(
         "form",
-        tag("button", f"Compare selected (at most {api.MAX_COMPARE})", type="submit"),
+        tag("button", f"Compare selected (at most {expviews.MAX_COMPARE})", type="submit"),
         id="compare-form",
         method="get",
         action="/compare",
@@ -213,9 +214,9 @@ def _filters(
 @html_errors
 def experiment_page(request: Request) -> Response:
     exp_id = path_id(request, "experiment_id")
-    d = api.experiment_json(exp_id)
+    d = expviews.experiment_json(exp_id)
     exp, trials, ckpts = d["experiment"], d["trials"], d["checkpoints"]
-    events = api.experiment_events(exp_id)
+    events = expviews.experiment_events(exp_id)
     searcher = exp["config"].get("searcher") or {}
     metric = searcher.get("metric")
     names = _hparam_names(trials)
@@ -359,7 +360,7 @@ FOLLOW = tag("input", type="checkbox", id="log-follow", checked=True)
 @html_errors
 def trial_page(request: Request) -> Response:
     trial_id = path_id(request, "trial_id")
-    d = api.trial_json(trial_id)
+    d = expviews.trial_json(trial_id)
     t = d["trial"]
     info = _facts(
         [
@@ -441,7 +442,7 @@ def trial_page(request: Request) -> Response:
 # ---------------------------------------------------------------------------- queue and slots
 @html_errors
 def queue_page(request: Request) -> Response:
-    jobs = api.jobs_json(include_done=request.query_params.get("all") == "1")
+    jobs = clusterviews.jobs_json(include_done=request.query_params.get("all") == "1")
     now = time.time()
     rows = [
         [
@@ -488,7 +489,7 @@ def slots_page(request: Request) -> Response:
             "" if r["utilization_pct"] is None else f"{r['utilization_pct']}%",
             r["used_by"],
         ]
-        for r in api.slots_json()
+        for r in clusterviews.slots_json()
     ]
     headers = ["Slot", "Kind", "Name", "UUID", "Memory", "Util", "Used by"]
     return page("Slots", table(headers, rows, id_="slots"))

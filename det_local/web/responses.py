@@ -29,7 +29,7 @@ def json_response(value: Any, status: int = 200) -> Response:
 def error_status(err: DetLocalError) -> int:
     """404 for an unknown id, 403 for what this dashboard's user may not read (a private
     trial log), else 400."""
-    from det_local.sched.attach import LogsPrivate
+    from det_local.client.attach import LogsPrivate
 
     if isinstance(err, NotFoundError):
         return 404

@@ -77,21 +77,21 @@ def preload() -> None:
     import psutil  # noqa: F401
     import yaml  # noqa: F401
 
+    import det_local.client.attach  # noqa: F401
+    import det_local.client.queueview  # noqa: F401
+    import det_local.client.requester  # noqa: F401
+    import det_local.client.searchsummary  # noqa: F401
+    import det_local.client.slotview  # noqa: F401
+    import det_local.client.taskview  # noqa: F401
     import det_local.config  # noqa: F401
     import det_local.federate.client  # noqa: F401
-    import det_local.rpc  # noqa: F401
-    import det_local.sched.attach  # noqa: F401
-    import det_local.sched.inotify  # noqa: F401  (ctypes)
-    import det_local.sched.queueview  # noqa: F401
-    import det_local.sched.requester  # noqa: F401
-    import det_local.sched.searchsummary  # noqa: F401
+    import det_local.sched.intake.inotify  # noqa: F401  (ctypes)
+    import det_local.sched.intake.spool  # noqa: F401
     import det_local.sched.settings  # noqa: F401
-    import det_local.sched.slotview  # noqa: F401
-    import det_local.sched.spool  # noqa: F401
-    import det_local.sched.taskview  # noqa: F401
     import det_local.search  # noqa: F401
     import det_local.store.logtail  # noqa: F401
     import det_local.web.live  # noqa: F401
+    import det_local.wire.rpc  # noqa: F401
 
 
 DAEMON_HINT = (

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -86,13 +87,7 @@ def load_dashboard_settings(path: Path) -> DashboardSettings:
             f"dashboard in {source}: expected a mapping such as {{port: {DEFAULT_PORT}}}, "
             f"found {raw!r}"
         )
-    import difflib
-
-    for key in raw:
-        if key not in _KEYS:
-            near = difflib.get_close_matches(str(key), sorted(_KEYS), n=1)
-            hint = f"did you mean '{near[0]}'?" if near else f"valid: {', '.join(sorted(_KEYS))}"
-            raise ConfigError(f"unknown field 'dashboard.{key}' in {source}; {hint}")
+    check_section_keys("dashboard.", raw, _KEYS, source)
     port = raw.get("port", DEFAULT_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ConfigError(

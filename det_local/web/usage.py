@@ -1,5 +1,5 @@
 """System metrics and usage in the dashboard (issue 30): the same readers as the CLI
-(`det_local.api.system_metrics`, `api.usage`), one set of keys.
+(`det_local.api.system_metrics`, `clusterviews.usage`), one set of keys.
 
     GET /api/trials/{id}/system      a trial's (`trial metrics ID --group system --json`)
     GET /api/commands/{id}/system    a command's (`cmd metrics ID --json`)
@@ -19,6 +19,7 @@ from det_local import api
 from det_local.errors import NotFoundError
 from det_local.tables import fmt_time
 from det_local.usage.report import BY, parse_since
+from det_local.views import cluster as clusterviews
 from det_local.web.html import join, link, page, page_data, table, tag
 from det_local.web.pages import html_errors, state_badge
 from det_local.web.responses import json_errors, json_response, path_id
@@ -31,7 +32,7 @@ def _records(records: list[object]) -> list[object]:
 @json_errors
 def trial_system_api(request: Request) -> Response:
     trial_id = path_id(request, "trial_id")
-    return json_response(_records(api.system_metrics(trial_id=trial_id)))
+    return json_response(_records(clusterviews.system_metrics(trial_id=trial_id)))
 
 
 @json_errors
@@ -39,7 +40,7 @@ def command_system_api(request: Request) -> Response:
     job_id = path_id(request, "job_id")
     api.open_store().jobs.get(job_id)  # an unknown id: 404
     try:
-        return json_response(_records(api.system_metrics(job_id=job_id)))
+        return json_response(_records(clusterviews.system_metrics(job_id=job_id)))
     except NotFoundError:  # no samples yet: an empty chart
         return json_response([])
 
@@ -53,13 +54,13 @@ def _window(request: Request) -> tuple[str, float, str]:
 @json_errors
 def usage_api(request: Request) -> Response:
     _, since, by = _window(request)
-    return json_response(api.usage(since, by=by))
+    return json_response(clusterviews.usage(since, by=by))
 
 
 @html_errors
 def usage_page(request: Request) -> Response:
     text, since, by = _window(request)
-    rep = api.usage(since, by=by)
+    rep = clusterviews.usage(since, by=by)
 
     def util(r: dict[str, object]) -> str:
         u = r["mean_util_pct"]
@@ -105,7 +106,7 @@ def usage_page(request: Request) -> Response:
 def command_page(request: Request) -> Response:
     job_id = path_id(request, "job_id")
     job = api.open_store().jobs.get(job_id)
-    note = api.idle_notes([job_id]).get(job_id)
+    note = clusterviews.idle_notes([job_id]).get(job_id)
     facts = table(
         ["Kind", "User", "State", "Slots", "Started", "Ended", "Command"],
         [

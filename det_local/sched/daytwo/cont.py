@@ -15,8 +15,8 @@ from collections import deque
 from typing import Any, Protocol
 
 from det_local.errors import ConfigError, StateError
-from det_local.sched.ckpt_gc import CheckpointGC
-from det_local.sched.experiments import ExperimentRun, checkpoint_dir_for
+from det_local.sched.life.ckpt_gc import CheckpointGC
+from det_local.sched.life.experiments import ExperimentRun, checkpoint_dir_for
 from det_local.search.actions import Action, Create
 from det_local.store import continuation
 from det_local.store.db import Store
@@ -53,7 +53,7 @@ def merge(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 def continue_experiment(engine: Continuing, experiment_id: int, overrides: Any) -> str:
     from det_local.config import parse_config
-    from det_local.sched import unmanaged
+    from det_local.sched.sessions import unmanaged
     from det_local.search import make_searcher
 
     rec = engine.store.get_experiment(experiment_id)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from det_local.errors import DetLocalError
-from det_local.sched.inventory import LocalInventory
-from det_local.sched.jobqueue import JobQueue
+from det_local.sched.queue.inventory import LocalInventory
+from det_local.sched.queue.jobqueue import JobQueue
 from det_local.store.db import Store
 from det_local.store.drains import NODE, slot_target
 

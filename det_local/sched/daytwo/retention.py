@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Protocol
 
-from det_local.sched.experiments import Notes
+from det_local.sched.life.experiments import Notes
 from det_local.store import retention
 from det_local.store.db import Store
 from det_local.store.paths import Paths

@@ -20,8 +20,8 @@ from det_local.trial.core._searcher import (
     SearcherContextMissing,
 )
 from det_local.trial.core._train import EarlyExitReason, TrainContext
-from det_local.trial.info import ClusterInfo, get_cluster_info
 from det_local.trial.session import Session, get_session
+from det_local.wire.trialinfo import ClusterInfo, get_cluster_info
 
 logger = logging.getLogger("determined.core")
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from det_local.trial.info import get_cluster_info
 from det_local.trial.pytorch._context import PyTorchTrialContext
 from det_local.trial.pytorch._errors import InvalidTrialError
+from det_local.wire.trialinfo import get_cluster_info
 
 logger = logging.getLogger("determined.pytorch")
 

@@ -2,7 +2,7 @@
 ``Determined/`` (per batch for training, once for validation) and the event files uploaded at
 each boundary, as Determined's loop does. Nothing happens when the context turned it off, nor
 without the tensorboard package: then `det-local tensorboard start` writes the trial's curves
-from its reported metrics (sched/tbexport.py), and it is that command that says, once, when
+from its reported metrics (client/tbexport.py), and it is that command that says, once, when
 TensorBoard is not installed (not every trial of a search)."""
 
 from __future__ import annotations

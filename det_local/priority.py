@@ -1,0 +1,32 @@
+"""A job's priority: its bounds and default, defined here once.
+
+Lower numbers run first (Determined's priority scheduler). The experiment config's
+``resources.priority``, the CLI's ``--priority`` options, the queue's requests and the
+scheduling policy (``sched/queue/policy.py``) all read these. A module of its own, importing
+nothing, so that the CLI's start-up pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from det_local.errors import DetLocalError
+
+MIN_PRIORITY = 1  # the most important
+MAX_PRIORITY = 99
+DEFAULT_PRIORITY = 42  # Determined's default
+HELP = f"{MIN_PRIORITY} (most important) to {MAX_PRIORITY}."  # the CLI options' help
+
+
+def check_priority(priority: int) -> int:
+    """The priority of a request (`job update`, `cmd run`...), or DetLocalError naming the
+    bounds."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise DetLocalError(
+            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+            f"found {priority!r}"
+        )
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise DetLocalError(
+            f"priority {priority} is outside {MIN_PRIORITY}-{MAX_PRIORITY} "
+            f"({MIN_PRIORITY} is the most important, {DEFAULT_PRIORITY} the default)"
+        )
+    return priority
