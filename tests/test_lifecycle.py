@@ -72,6 +72,17 @@ def test_archive_hides_an_experiment_from_the_list(dl: Env, gated: Any) -> None:
     listed = dl.json("experiment", "list", "--archived", "--json")
     assert [(e["id"], e["archived"]) for e in listed] == [(1, True)]
     assert [e["id"] for e in dl.json("experiment", "list", "--all", "--json")] == [1]
+    # the dashboard's list leaves it out too, and says so, with a link that shows it
+    pytest.importorskip("starlette", reason="the dashboard needs the web extra")
+    from _dashboard import asgi_get, token_app
+
+    app, host = token_app(), {"host": "127.0.0.1:8080"}
+    status, _, body = asgi_get(app, "/", host)
+    assert status == 200 and b'href="/experiments/1"' not in body, body
+    assert b"0 of 0 experiments; 1 archived not shown (" in body
+    assert b'<a href="/?archived=1">show them</a>' in body
+    status, _, body = asgi_get(app, "/?archived=1", host)
+    assert status == 200 and b'href="/experiments/1"' in body
     assert dl.det("experiment", "unarchive", "1").out == "experiment 1 unarchived\n"
     assert [(e["id"], e["archived"]) for e in dl.json("experiment", "list", "--json")] == [
         (1, False)

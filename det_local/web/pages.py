@@ -73,7 +73,10 @@ def experiments_page(request: Request) -> Response:
     want_state, want_user, want_label = q.get("state", ""), q.get("user", ""), q.get("label", "")
     sort = q.get("sort", "id") if q.get("sort") in SORTS else "id"
     descending = q.get("order", "desc" if sort == "id" else "asc") == "desc"
-    exps = expviews.list_experiments(all_users=True)
+    # archived experiments leave the list, as in `experiment list` (?archived=1 shows them)
+    with_archived = q.get("archived") == "1"
+    everyone = expviews.list_experiments(all_users=True)
+    exps = everyone if with_archived else expviews.list_experiments(all_users=True, archived=False)
     summaries = expviews.experiment_summaries()
     users = sorted({e.user for e in exps})
     labels = sorted({lb for e in exps for lb in e.labels})
@@ -138,7 +141,19 @@ def experiments_page(request: Request) -> Response:
         header("Duration", "duration"),
     ]
     form = _filters(want_state, want_user, want_label, users, labels, sort, q.get("order", ""))
-    count = tag("p", f"{len(shown)} of {len(exps)} experiments", class_="muted")
+    archived = len(everyone) - len(exps)
+    count = tag(
+        "p",
+        join(
+            [f"{len(shown)} of {len(exps)} experiments"]
+            + (
+                [f"; {archived} archived not shown (", link("/?archived=1", "show them"), ")"]
+                if archived
+                else []
+            )
+        ),
+        class_="muted",
+    )
     compare = tag(
         "form",
         tag("button", f"Compare selected (at most {expviews.MAX_COMPARE})", type="submit"),
