@@ -1,4 +1,4 @@
-"""The writer's in-memory copy of the active jobs (store/jobs.py ActiveJobs) stays what SQL
+"""The writer's in-memory copy of the active jobs (store/tables/jobs.py ActiveJobs) stays what SQL
 says: after every kind of change, after a rolled-back request, after another connection's
 commit. Real SQLite files, the engine's own request path for the rollback."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from det_local.errors import StateError
 from det_local.store.db import Store
-from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 from det_local.store.states import JOB_TRANSITIONS, JobState
+from det_local.store.tables.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 
 
 def sql_view(store: Store) -> list[JobRecord]:

@@ -1,4 +1,4 @@
-"""The model registry (store/registry.py, sched/intake/lifecycle/registry.py): from the CLI
+"""The model registry (store/tables/registry.py, sched/intake/lifecycle/registry.py): from the CLI
 (`det-local model`, Determined's verbs), from the SDK (the flows of Determined's
 model-registry-org.rst), from the dashboard (/models); a registered checkpoint is kept by
 checkpoint GC, by `checkpoint delete` and by `experiment delete`."""

@@ -18,7 +18,6 @@ MAX_LINES = 600
 
 # path (from the repository root) -> its size when listed: modules (a folder) or lines (a file)
 KNOWN: dict[str, int] = {
-    "det_local/store": 26,
     "det_local/trial/pytorch": 23,
     "det_local/cli": 22,
     "det_local/federate/gangs.py": 1165,

@@ -10,7 +10,7 @@ import typer
 from det_local.cli.checkpoint import JsonFlag, confirm, fmt_time
 
 if TYPE_CHECKING:
-    from det_local.store.registry import ModelRecord, VersionRecord
+    from det_local.store.tables.registry import ModelRecord, VersionRecord
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -259,8 +259,8 @@ async def _embedded_command(paths: Paths, payload: dict[str, Any]) -> int:
     from det_local.client.follow import command_exit_status
     from det_local.sched.engine import Engine
     from det_local.sched.intake.spool import Request, user_name
-    from det_local.store.jobs import ENDED
     from det_local.store.logtail import LogTail
+    from det_local.store.tables.jobs import ENDED
 
     engine = Engine(paths)
     await engine.start()
@@ -310,7 +310,7 @@ def _command_interrupt(engine: Any, job_id: int) -> Callable[[], bool]:
     import signal
 
     from det_local.sched.run import executor
-    from det_local.store.jobs import ENDED
+    from det_local.store.tables.jobs import ENDED
 
     count = 0
 

@@ -348,8 +348,8 @@ def follow_command(paths: Paths, job_id: int, poll: float = 0.05) -> int:
     import codecs
     import sys
 
-    from det_local.store.jobs import ENDED
     from det_local.store.logtail import LogTail, follow
+    from det_local.store.tables.jobs import ENDED
 
     tail = LogTail(paths.command_log(job_id), lines=False)  # partial lines too: prompts, progress
     text = codecs.getincrementaldecoder("utf-8")("replace")

@@ -20,9 +20,9 @@ from typing import Any
 from det_local.errors import DetLocalError
 from det_local.launch.ports import free_port
 from det_local.sched.intake.spool import user_name
-from det_local.store.jobs import ENDED
 from det_local.store.paths import Paths
 from det_local.store.states import JobState
+from det_local.store.tables.jobs import ENDED
 
 WAIT_TICK_S = 0.05
 ANNOUNCE_AFTER_S = 1.0  # a job that starts sooner than this is not said to wait

@@ -40,8 +40,8 @@ from det_local.federate.peers import Peer, peer_state
 from det_local.federate.verdict import Seen, Verdict, failed_gang
 from det_local.sched.gangseam import REATTACH_S, GangFit, owner_key, share_key
 from det_local.sched.run.rendezvous import Rendezvous, interface_of
-from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import JobKind
+from det_local.store.tables.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
 if TYPE_CHECKING:
     from det_local.federate.lending import LendPolicy

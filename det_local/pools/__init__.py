@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from det_local.sched.run.launcher import Launcher
     from det_local.sched.run.launchplan import LaunchPlan
     from det_local.slurm.config import SlurmPool
-    from det_local.store.jobs import JobRecord
     from det_local.store.paths import Paths
+    from det_local.store.tables.jobs import JobRecord
 
 DEFAULT = "default"
 _BACKENDS = {"slurm"}

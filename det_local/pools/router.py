@@ -13,7 +13,7 @@ from collections.abc import Callable
 from det_local.errors import TrialError
 from det_local.sched.run.launcher import Launcher, Lost, RunHandle
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.store.jobs import JobRecord
+from det_local.store.tables.jobs import JobRecord
 
 
 class PoolLauncher:

@@ -69,10 +69,10 @@ from det_local.sched.sessions.trialserver import TrialServer, send
 from det_local.sched.settings import DaemonSettings, load_settings
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
-from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.states import JobKind, JobState, State
+from det_local.store.tables.jobs import JobRecord
 
 if TYPE_CHECKING:
     from det_local.config.experiment import ExperimentConfig

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from det_local.sched.gangs import GangShares
     from det_local.sched.gangseam import Placer
     from det_local.sched.life.experiments import TrialRun
-    from det_local.store.jobs import JobRecord
+    from det_local.store.tables.jobs import JobRecord
 
 
 class Extension(Protocol):

@@ -37,8 +37,8 @@ from det_local.sched.gangseam import (
 from det_local.sched.life.experiments import TrialRun, checkpoint_dir_for
 from det_local.sched.run.rendezvous import Rendezvous
 from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
-from det_local.store.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import JobKind, State
+from det_local.store.tables.jobs import QUEUED, RESERVED, SCHEDULED, JobRecord
 
 if TYPE_CHECKING:
     from det_local.config.experiment import ExperimentConfig

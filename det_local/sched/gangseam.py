@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.sched.life.experiments import TrialRun
-from det_local.store.jobs import JobRecord
 from det_local.store.states import JobKind
+from det_local.store.tables.jobs import JobRecord
 
 if TYPE_CHECKING:
     from det_local.sched.life.experiments import ExperimentRun

@@ -30,8 +30,8 @@ from det_local.sched.run.commands import Commands
 from det_local.sched.run.launcher import Lost
 from det_local.sched.run.supervisor import Supervisor
 from det_local.sched.sessions import unmanaged
-from det_local.store.jobs import RESERVED, SCHEDULED, JobRecord
 from det_local.store.states import JobKind, State, Stopping
+from det_local.store.tables.jobs import RESERVED, SCHEDULED, JobRecord
 
 
 class Restarting(unmanaged.UnmanagedHost, Protocol):

@@ -197,7 +197,7 @@ class Determined:
         return iter_legacy(self._session, trial_ids, "validation")
 
     def get_session_username(self) -> str:
-        from det_local.store.experiments import current_user
+        from det_local.store.tables.experiments import current_user
 
         return current_user()
 

@@ -1,5 +1,5 @@
 """`Model` and `ModelVersion` (Determined 0.38's model registry) over det-local's store
-(`store/registry.py`); changes go to the engine as the caller
+(`store/tables/registry.py`); changes go to the engine as the caller
 (`sched/intake/lifecycle/registry.py`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from det_local.sdk._session import Session
 from det_local.sdk.checkpoint import Checkpoint
 from det_local.sdk.enums import ModelSortBy, OrderBy, descending
 from det_local.sdk.metrics import TrialMetrics
-from det_local.store.registry import ModelRecord, VersionRecord
+from det_local.store.tables.registry import ModelRecord, VersionRecord
 
 
 def _time(t: float) -> datetime.datetime:

@@ -28,8 +28,8 @@ from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm import client
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
-from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
+from det_local.store.tables.jobs import JobRecord
 
 # Slurm states that are the cluster's doing, not the trial's
 _LOST = {

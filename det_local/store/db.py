@@ -3,8 +3,9 @@
 Only the daemon (or the embedded runner acting as it) opens it for writing. The CLI opens it
 read-only and can read while a run writes (WAL readers never block the writer).
 
-:class:`Store` is the connection and the tables on it, one module each: ``experiments.py``,
-``trials.py``, ``checkpoint_table.py``, ``metrics.py`` (metrics and events), ``jobs.py``.
+:class:`Store` is the connection and the tables on it, one module each under ``tables/``:
+``experiments.py``, ``trials.py``, ``checkpoint_table.py``, ``metrics.py`` (metrics and
+events), ``jobs.py``.
 Callers use the Store's methods (``store.add_metrics(...)``), each one table's method; a table
 is also at hand as ``store.experiments``, ``store.trials``, ``store.checkpoints``,
 ``store.metrics``, ``store.events`` and ``store.jobs``.
@@ -16,7 +17,8 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from det_local.store import (
+from det_local.store.sql import Db, Txn
+from det_local.store.tables import (
     checkpoint_table,
     drains,
     experiments,
@@ -29,17 +31,16 @@ from det_local.store import (
     trialstarts,
     usage,
 )
-from det_local.store.checkpoint_table import CheckpointTable
-from det_local.store.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
-from det_local.store.jobs import JobTable
-from det_local.store.lifecycle import LifecycleTable
-from det_local.store.metrics import EventTable, MetricTable
-from det_local.store.pools import JobPoolTable
-from det_local.store.registry import ModelRegistry
-from det_local.store.sql import Db, Txn
-from det_local.store.trials import TrialTable
-from det_local.store.trialstarts import TrialStartTable
-from det_local.store.usage import UsageTable
+from det_local.store.tables.checkpoint_table import CheckpointTable
+from det_local.store.tables.experiments import GC_DONE, GC_SKIPPED, ExperimentTable, current_user
+from det_local.store.tables.jobs import JobTable
+from det_local.store.tables.lifecycle import LifecycleTable
+from det_local.store.tables.metrics import EventTable, MetricTable
+from det_local.store.tables.pools import JobPoolTable
+from det_local.store.tables.registry import ModelRegistry
+from det_local.store.tables.trials import TrialTable
+from det_local.store.tables.trialstarts import TrialStartTable
+from det_local.store.tables.usage import UsageTable
 
 __all__ = ["GC_DONE", "GC_SKIPPED", "SCHEMA", "SCHEMA_VERSION", "Store", "current_user"]
 
@@ -168,7 +169,7 @@ class Store:
         self.usage = UsageTable(self.db)
         self.drains = drains.DrainTable(self.conn)
         self.log_policies = logpolicies.LogPolicyTable(self.conn)
-        self.models = ModelRegistry(self.db)  # the model registry (`store/registry.py`)
+        self.models = ModelRegistry(self.db)  # the model registry (`store/tables/registry.py`)
         self.lifecycle = LifecycleTable(self.db)  # archived experiments, deletions
         self.job_pools = JobPoolTable(self.db)  # commands run in a resource pool (cmd --pool)
 

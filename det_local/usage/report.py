@@ -1,5 +1,5 @@
 """`det-local usage`: slot-hours allocated and used, per user (experiment, slot), from the
-store's allocation records (`store/usage.py`).
+store's allocation records (`store/tables/usage.py`).
 
 For each allocation, the part of it inside the report's window (``since``..``until``) counts:
 ``slot_seconds`` = its slots x those seconds. ``used_slot_seconds`` = that x the mean
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from det_local.errors import DetLocalError
 
 if TYPE_CHECKING:
-    from det_local.store.usage import UsageTable
+    from det_local.store.tables.usage import UsageTable
 
 BY = ("user", "experiment", "slot", "kind")
 KEYS = (

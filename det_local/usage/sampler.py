@@ -7,7 +7,7 @@ imports determined. Each tick:
 1. off the event loop (``asyncio.to_thread``, one at a time): the GPUs (`gpus.GpuReader`, NVML
    kept open) and each due job's cgroup or process tree (`proctree.TreeMeter`);
 2. on the loop: one transaction with a ``system_samples`` row per job and its utilisation
-   added to its open allocation (`store/usage.py`), then the idle rule below.
+   added to its open allocation (`store/tables/usage.py`), then the idle rule below.
 
 A job is sampled every ``system_metrics.interval`` seconds (5 by default); a trial whose config
 says ``profiling: {enabled: true}`` every ``profiling_interval`` (1 s). Old samples are merged

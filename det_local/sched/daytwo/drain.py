@@ -3,7 +3,7 @@
 A disabled slot finishes what runs on it; the scheduling pass places nothing new there
 (`LocalInventory.disabled`). A disabled node takes no new gang shares or anywhere jobs from
 peers (it advertises no free slots and refuses reserves); its own queue still runs (disable
-its slots to drain it wholly). Both are kept in the store (`store/drains.py`), so they hold
+its slots to drain it wholly). Both are kept in the store (`store/tables/drains.py`), so they hold
 across daemon restarts."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from det_local.errors import DetLocalError
 from det_local.sched.queue.inventory import LocalInventory
 from det_local.sched.queue.jobqueue import JobQueue
 from det_local.store.db import Store
-from det_local.store.drains import NODE, slot_target
+from det_local.store.tables.drains import NODE, slot_target
 
 
 class Draining(Protocol):

@@ -12,7 +12,7 @@ name replaces one, and a name without a pattern turns it off. The legacy shape
 `{pattern, action: {type: ...}}` (no name) is labelled by its pattern.
 
 Bounded work: when a trial's run exits, the last SCAN_BYTES of its output are read, each line
-cut to LINE_BYTES; matches are recorded in the store once (`store/logpolicies.py`)."""
+cut to LINE_BYTES; matches are recorded in the store once (`store/tables/logpolicies.py`)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ cannot be best: it is kept only as one of its trial's latest. The rest follows D
 * every recorded checkpoint takes part in the ranking, DELETED ones included (so a rerun selects
   the same set);
 * a checkpoint any trial was warm-started from (of any experiment) is never deleted, nor one
-  registered as a model version (the model registry, `store/registry.py`).
+  registered as a model version (the model registry, `store/tables/registry.py`).
 
 One deliberate difference: Determined partitions the latest-ranking by the *validation's* trial,
 so checkpoints without a validation compete across trials for ``save_trial_latest``; det-local
@@ -229,7 +229,7 @@ def mark(store: Store, experiment_id: int, *, protected: Iterable[str] = ()) -> 
     policy = GcPolicy.from_config(rec.config)
     metric = (rec.config.get("searcher") or {}).get("metric")
     cands = candidates_of(store, experiment_id, metric)
-    # warm-start sources, and checkpoints a model version points at (`store/registry.py`)
+    # warm-start sources, and checkpoints a model version points at (`store/tables/registry.py`)
     keep = set(protected) | store.warm_start_checkpoints() | store.models.registered()
     for t in store.list_trials(experiment_id):  # none, once the experiment ended; to be sure
         if not t.state.terminal and t.latest_checkpoint:

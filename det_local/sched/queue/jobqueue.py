@@ -18,8 +18,8 @@ from det_local.errors import DetLocalError, StateError
 from det_local.sched.queue.inventory import LocalInventory
 from det_local.sched.queue.policy import JobView, PolicyConfig, RunningJob, SortedQueue, schedule
 from det_local.sched.settings import DaemonSettings
-from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 from det_local.store.states import JobKind
+from det_local.store.tables.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 
 # commands of these kinds are started by `shell start`, `notebook start`, `tensorboard start`
 PRIORITY_MIN, PRIORITY_MAX = 1, 99

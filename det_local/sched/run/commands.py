@@ -22,10 +22,10 @@ from det_local.sched.run import userfiles
 from det_local.sched.run.launchplan import LaunchPlan, thread_env
 from det_local.sched.run.runas import identity as identity_of
 from det_local.sched.run.supervisor import Supervisor
-from det_local.store.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.states import TASK_KINDS, JobKind
+from det_local.store.tables.jobs import QUEUED, SCHEDULED, JobRecord, JobTable
 
 
 class Commands:

@@ -10,8 +10,8 @@ flood them); an embedded run (`det-local run`) prints neither.
 from __future__ import annotations
 
 from det_local.sched.life.outcome import describe_exit
-from det_local.store.jobs import JobRecord
 from det_local.store.states import JobKind, JobState
+from det_local.store.tables.jobs import JobRecord
 
 NAME_MAX = 60
 

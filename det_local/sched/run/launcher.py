@@ -50,8 +50,8 @@ from det_local.sched.queue import hardware as hardware
 from det_local.sched.run import cgroups, executor
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.sched.warm import zygotes
-from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
+from det_local.store.tables.jobs import JobRecord
 
 RECOVER_DRAIN_S = 2.0  # at a restart: how long to wait for a dead job's leftovers to die
 

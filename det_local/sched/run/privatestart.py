@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from det_local.store.db import Store
-from det_local.store.jobs import SCHEDULED
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
+from det_local.store.tables.jobs import SCHEDULED
 
 
 def prepare_private(

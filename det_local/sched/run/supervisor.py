@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from det_local.sched.run.launcher import Launcher, Lost, RunHandle
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.store.jobs import JobRecord, JobTable
+from det_local.store.tables.jobs import JobRecord, JobTable
 
 KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 DRAIN_TICK_S = (0.005, 0.2)  # looking again at a job's cgroup after its leader ended: first, most

@@ -26,11 +26,11 @@ from det_local.sched.run.rendezvous import Rendezvous, RendezvousError
 from det_local.sched.run.runas import identity as identity_of
 from det_local.sched.run.trialplan import TrialFacts, build_trial_plan
 from det_local.store.db import Store
-from det_local.store.jobs import JobRecord
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
 from det_local.store.records import CHECKPOINT_DELETED, CheckpointRecord
 from det_local.store.states import CheckpointState, State
+from det_local.store.tables.jobs import JobRecord
 
 INFO_SECRET = "cluster.json"  # holds the run's session token: its owner's eyes only
 

@@ -1,7 +1,7 @@
 """How long a trial took to start, cold or warm (`sched/warm/zygotes.py`): measured by the daemon
 from the moment it begins starting a run's process to the run's hello on the trial socket (what
-`det.core.init()` sends), recorded per run (`store/trialstarts.py`) and told to the trial in the
-answer to its hello (its chief says it in the trial's log, `trial/session.py`); `experiment
+`det.core.init()` sends), recorded per run (`store/tables/trialstarts.py`) and told to the trial
+in the answer to its hello (its chief says it in the trial's log, `trial/session.py`); `experiment
 describe` shows :func:`summary`.
 """
 

@@ -1,5 +1,5 @@
 """The model registry's requests: create a model, register a checkpoint as its next version,
-change or delete it (`store/registry.py` holds the tables).
+change or delete it (`store/tables/registry.py` holds the tables).
 
 Anyone may create a model; only its owner (or root, the daemon's user, the admin group) may
 change it, register versions in it or delete it. Registering a checkpoint keeps it from
@@ -14,8 +14,8 @@ from typing import Any
 from det_local.errors import NotFoundError, StateError
 from det_local.sched.intake.handlers import Controls, Handler, authorize
 from det_local.sched.intake.spool import Request
-from det_local.store.registry import ModelRecord, check_labels, check_metadata, check_name
 from det_local.store.states import CHECKPOINT_DOWNLOADABLE
+from det_local.store.tables.registry import ModelRecord, check_labels, check_metadata, check_name
 
 
 def _own_model(c: Controls, req: Request) -> ModelRecord:

@@ -40,8 +40,8 @@ from det_local.store.states import (
     JobState,
     check_job_transition,
 )
-from det_local.store.usage import SCHEMA as USAGE_SCHEMA
-from det_local.store.usage import on_job_move
+from det_local.store.tables.usage import SCHEMA as USAGE_SCHEMA
+from det_local.store.tables.usage import on_job_move
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -319,7 +319,7 @@ class JobTable:
             (new.value, *args, job_id),
         )
         if changed:
-            if self._mirrored:  # the writer: the allocation records follow (store/usage.py)
+            if self._mirrored:  # the writer: the allocation records follow (store/tables/usage.py)
                 on_job_move(self.conn, job_id, new.value)
             return
         r = self.conn.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
