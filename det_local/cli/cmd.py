@@ -109,7 +109,7 @@ def list_commands(
         _hidden_hint(show_all)
         return
     jobs = [j for j in api.open_store().jobs.list(include_done=show_all) if j.kind != JobKind.TRIAL]
-    from det_local.cli.checkpoint import fmt_time
+    from det_local.cli.results.checkpoint import fmt_time
 
     rows = [
         [
@@ -195,7 +195,7 @@ def metrics(
 ) -> None:
     """A command's (notebook's, shell's) system metrics as the daemon sampled them: GPU
     utilisation and memory per slot, CPU, memory and disk I/O of its processes."""
-    from det_local.cli.history import metrics_table, write_csv
+    from det_local.cli.results.history import metrics_table, write_csv
     from det_local.errors import DetLocalError
     from det_local.views import cluster as clusterviews
 

@@ -7,9 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from det_local.cli import attach, history
-from det_local.cli.checkpoint import JsonFlag, checkpoints_table, confirm, fmt_time, fmt_value
+from det_local.cli import attach
 from det_local.cli.group import DetGroup
+from det_local.cli.results import history
+from det_local.cli.results.checkpoint import (
+    JsonFlag,
+    checkpoints_table,
+    confirm,
+    fmt_time,
+    fmt_value,
+)
 from det_local.cli.trial import trials_table
 from det_local.priority import HELP as PRIORITY_HELP
 

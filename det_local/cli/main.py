@@ -6,26 +6,16 @@ import sys
 
 import typer
 
-from det_local.cli import (
-    checkpoint,
-    cluster,
-    cmd,
-    config,
-    daemon,
-    daytwo,
-    experiment,
-    job,
-    model,
-    trial,
-)
+from det_local.cli import cluster, cmd, config, daemon, daytwo, experiment, job, trial
 from det_local.cli.common import run_cli
 from det_local.cli.completion import completion_command
 from det_local.cli.dashboard import dashboard_command
 from det_local.cli.group import DetGroup
+from det_local.cli.results import checkpoint, model
+from det_local.cli.results.usage import usage_command
 from det_local.cli.run import run_command
 from det_local.cli.slots import slots_command
 from det_local.cli.tasks import notebook_app, shell_app, tensorboard_app
-from det_local.cli.usage import usage_command
 
 app = typer.Typer(
     name="det-local",

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from det_local.cli.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
-from det_local.cli.history import trial_metrics
+from det_local.cli.results.checkpoint import JsonFlag, checkpoints_table, fmt_time, fmt_value
+from det_local.cli.results.history import trial_metrics
 from det_local.tables import flatten
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from det_local.cli.checkpoint import JsonFlag, confirm, fmt_time
+from det_local.cli.results.checkpoint import JsonFlag, confirm, fmt_time
 
 if TYPE_CHECKING:
     from det_local.store.tables.registry import ModelRecord, VersionRecord

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from det_local.cli.checkpoint import JsonFlag, fmt_time, fmt_value
+from det_local.cli.results.checkpoint import JsonFlag, fmt_time, fmt_value
 
 if TYPE_CHECKING:
     from det_local.store.records import MetricRecord
