@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from det_local.trial import pytorch  # noqa: E402
-from det_local.trial.pytorch import _checkpoint  # noqa: E402
+from det_local.trial.pytorch.checkpoints import _checkpoint  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 6, 4
 DD_MB = 300

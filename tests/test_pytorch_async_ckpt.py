@@ -16,7 +16,7 @@ import torch
 
 from det_local.errors import CheckpointError
 from det_local.trial import pytorch
-from det_local.trial.pytorch import _checkpoint
+from det_local.trial.pytorch.checkpoints import _checkpoint
 
 WAIT = 30.0  # bound on any wait for the other thread
 

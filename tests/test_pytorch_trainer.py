@@ -713,7 +713,7 @@ def test_ddp_module_prefix_is_fixed_both_ways() -> None:
     import torch.distributed as dist
 
     from det_local.launch.ports import free_port
-    from det_local.trial.pytorch._checkpoint import load_models
+    from det_local.trial.pytorch.checkpoints._checkpoint import load_models
 
     plain = torch.nn.Linear(2, 1)
     source = torch.nn.Linear(2, 1)

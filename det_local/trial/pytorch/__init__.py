@@ -18,13 +18,13 @@ from det_local.trial.pytorch._errors import (
 )
 from det_local.trial.pytorch._experimental import PyTorchExperimentalContext
 from det_local.trial.pytorch._init import init
-from det_local.trial.pytorch._load_context import CheckpointLoadContext
-from det_local.trial.pytorch._load_trial import load_trial_from_checkpoint_path
 from det_local.trial.pytorch._lr_scheduler import LRScheduler
 from det_local.trial.pytorch._reducer import MetricReducer, Reducer
 from det_local.trial.pytorch._trainer import Trainer
 from det_local.trial.pytorch._trial import PyTorchTrial
 from det_local.trial.pytorch._units import Batch, Epoch, TrainUnit
+from det_local.trial.pytorch.checkpoints._load_context import CheckpointLoadContext
+from det_local.trial.pytorch.checkpoints._load_trial import load_trial_from_checkpoint_path
 
 __all__ = [
     "Batch",

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from det_local.trial import InvalidHP
-from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._errors import InvalidTrialError, MetricError, NonFiniteLossError
 from det_local.trial.pytorch._evaluate import Evaluator
 from det_local.trial.pytorch._fit import Checkpointer, ShouldExit, Step, TrialEnv, TrialState
@@ -46,6 +45,7 @@ from det_local.trial.pytorch._metrics import (
 from det_local.trial.pytorch._tensorboard import TensorBoardLog
 from det_local.trial.pytorch._training_data import TrainingData
 from det_local.trial.pytorch._units import Batch, Epoch, TrainUnit
+from det_local.trial.pytorch.checkpoints import _checkpoint
 
 logger = logging.getLogger("determined.pytorch")
 

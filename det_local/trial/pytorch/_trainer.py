@@ -11,7 +11,6 @@ import sys
 import warnings
 from typing import Any
 
-from det_local.trial.pytorch._checkpointer import PyTorchCheckpointer
 from det_local.trial.pytorch._errors import InvalidTrialError
 from det_local.trial.pytorch._evaluate import Evaluator
 from det_local.trial.pytorch._fit import FitSettings, TrialEnv, build_callbacks
@@ -26,6 +25,7 @@ from det_local.trial.pytorch._units import (
     from_searcher_max_length,
     is_length,
 )
+from det_local.trial.pytorch.checkpoints._checkpointer import PyTorchCheckpointer
 from det_local.wire.trialinfo import get_cluster_info
 
 logger = logging.getLogger("determined.pytorch")

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._callback import PyTorchCallback
-from det_local.trial.pytorch._checkpointer import checkpoint_metadata, storage_exclude
 from det_local.trial.pytorch._fit import TrialEnv, TrialState
 from det_local.trial.pytorch._training_data import TrainingData
+from det_local.trial.pytorch.checkpoints import _checkpoint
+from det_local.trial.pytorch.checkpoints._checkpointer import checkpoint_metadata, storage_exclude
 
 logger = logging.getLogger("determined.pytorch.deepspeed")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import CheckpointError
-from det_local.trial.pytorch._load_context import load_context_args
+from det_local.trial.pytorch.checkpoints._load_context import load_context_args
 from det_local.trial.pytorch.deepspeed._context import DeepSpeedTrialContext
 from det_local.trial.pytorch.deepspeed._init import _local_distributed
 from det_local.trial.pytorch.deepspeed._trial import DeepSpeedTrial, load_engine

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import CheckpointError
-from det_local.trial.pytorch._checkpoint import (
+from det_local.trial.pytorch.checkpoints._checkpoint import (
     load_models,
     one_line,
     read_load_data,
     read_state_dict,
     resolve_spec,
 )
-from det_local.trial.pytorch._load_context import CheckpointLoadContext
+from det_local.trial.pytorch.checkpoints._load_context import CheckpointLoadContext
 
 logger = logging.getLogger("determined.pytorch")
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from det_local import __version__
-from det_local.trial.pytorch import _checkpoint
 from det_local.trial.pytorch._fit import TrialEnv, TrialState
+from det_local.trial.pytorch.checkpoints import _checkpoint
 
 logger = logging.getLogger("determined.pytorch")
 
