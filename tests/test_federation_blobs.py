@@ -23,7 +23,6 @@ from det_local.errors import ContextError, DetLocalError
 from det_local.federate import keys, schema, transport
 from det_local.federate.blobs import (
     MAX_CHUNK,
-    BlobError,
     ContextCache,
     Packed,
     pack_context,
@@ -31,6 +30,7 @@ from det_local.federate.blobs import (
     tar_cap,
 )
 from det_local.federate.transport import Me, Session
+from det_local.federate.untar import BlobError
 from det_local.store.context import MAX_CONTEXT_BYTES
 
 MiB = 1024 * 1024

@@ -18,8 +18,9 @@ from test_federation_gang_protocol import (
     talk,
 )
 
-from det_local.federate.blobs import MAX_CHUNK, BlobError, ContextCache, pack_context
+from det_local.federate.blobs import MAX_CHUNK, ContextCache, pack_context
 from det_local.federate.shipments import Shipments
+from det_local.federate.untar import BlobError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a root daemon")
 

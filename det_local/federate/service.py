@@ -26,7 +26,6 @@ from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.admission import FIRST_FRAME_S, Admission, GossipFilter
-from det_local.federate.blobs import BlobError
 from det_local.federate.gangs import Gangs
 from det_local.federate.keys import KeyError_, read_key
 from det_local.federate.lending import LendPolicy, LendRefused, uid_range
@@ -44,6 +43,7 @@ from det_local.federate.transport import (
     duplicate_message,
     server_handshake,
 )
+from det_local.federate.untar import BlobError
 from det_local.sched.extensions import EngineView
 from det_local.sched.gangseam import REATTACH_S
 

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from det_local.federate.blobs import BlobError, ContextCache
+from det_local.federate.blobs import ContextCache
+from det_local.federate.untar import BlobError
 from det_local.store.context import format_size
 
 EXPECT_S = 300.0  # a reserve's permission to ship its context
