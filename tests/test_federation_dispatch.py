@@ -4,12 +4,12 @@ refuses."""
 
 from __future__ import annotations
 
-from det_local.federate import schema, service
+from det_local.federate import messages, schema
 
 
 def test_every_message_kind_has_one_handler() -> None:
     kinds = set(schema.SCHEMAS)
-    gang = set(service.GANG_MESSAGES)
-    assert set(service.PEER_HANDLERS) == kinds - gang
-    assert set(service.GANG_HANDLERS) | {"relay"} == gang
-    assert not set(service.PEER_HANDLERS) & set(service.GANG_HANDLERS)
+    gang = set(messages.GANG_MESSAGES)
+    assert set(messages.PEER_HANDLERS) == kinds - gang
+    assert set(messages.GANG_HANDLERS) | {"relay"} == gang
+    assert not set(messages.PEER_HANDLERS) & set(messages.GANG_HANDLERS)

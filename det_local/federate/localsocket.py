@@ -10,6 +10,7 @@ import contextlib
 import os
 from typing import Any, Protocol
 
+from det_local.federate.report import Report
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
     PRE_AUTH_MAX,
@@ -34,11 +35,8 @@ class SocketHost(Protocol):
 
     async def end(self, goodbye: bool) -> None: ...
 
-    def status(self) -> dict[str, Any]: ...
-
-    def peer_rows(self) -> list[dict[str, Any]]: ...
-
-    async def gather(self, what: str, include_done: bool) -> list[dict[str, Any]]: ...
+    @property
+    def report(self) -> Report: ...
 
 
 class ClusterSocket:
@@ -69,13 +67,16 @@ class ClusterSocket:
     async def request(self, msg: dict[str, Any], uid: int | None) -> dict[str, Any]:
         kind = msg["t"]
         if kind == "status":
-            return {"t": "reply", "value": self.fed.status()}
+            return {"t": "reply", "value": self.fed.report.status()}
         if kind == "peers":
-            return {"t": "reply", "value": {**self.fed.status(), "peers": self.fed.peer_rows()}}
+            return {
+                "t": "reply",
+                "value": {**self.fed.report.status(), "peers": self.fed.report.peer_rows()},
+            }
         if kind in ("jobs", "slots"):
             if not self.fed.on:
                 return {"t": "reply", "error": f"federation is off: {self.fed.why_off}"}
-            rows = await self.fed.gather(kind, bool(msg.get("all", False)))
+            rows = await self.fed.report.gather(kind, bool(msg.get("all", False)))
             return {"t": "reply", "value": rows}
         if kind in ("reload", "leave"):
             if uid not in (0, os.geteuid()):
@@ -86,5 +87,5 @@ class ClusterSocket:
                 self.fed.why_off = "left the cluster (`det-local cluster join TOKEN` to join again)"
                 return {"t": "reply", "value": {"was_on": was}}
             await self.fed.begin()
-            return {"t": "reply", "value": self.fed.status()}
+            return {"t": "reply", "value": self.fed.report.status()}
         return {"t": "reply", "error": f"unknown request '{str(kind)[:40]}'"}

@@ -22,16 +22,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from det_local import __version__
 from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.admission import FIRST_FRAME_S, Admission, GossipFilter
 from det_local.federate.gangs import Gangs
 from det_local.federate.keys import KeyError_, read_key
-from det_local.federate.lending import LendPolicy, LendRefused, uid_range
+from det_local.federate.lending import LendPolicy, uid_range
 from det_local.federate.localsocket import ClusterSocket
+from det_local.federate.messages import Messages
 from det_local.federate.peers import SUSPECT_S, Link, Peer, Target, peer_state
 from det_local.federate.ratelog import RateLog
+from det_local.federate.report import Report
 from det_local.federate.settings import NODE_ID_FILE, FederationSettings, load
 from det_local.federate.transport import (
     HANDSHAKE_TIMEOUT,
@@ -43,16 +44,13 @@ from det_local.federate.transport import (
     duplicate_message,
     server_handshake,
 )
-from det_local.federate.untar import BlobError
 from det_local.sched.extensions import EngineView
 from det_local.sched.gangseam import REATTACH_S
 
-GANG_MESSAGES = frozenset([*schema.GANG_SCHEMAS, "blob"])
 HEARTBEAT_S = 1.0
 TICK_S = 0.25
 PEERS_EVERY_S = 5.0
 DIAL_TIMEOUT_S = 3.0
-QUERY_TIMEOUT_S = 3.0
 REDIAL_MIN_S = 0.5
 REDIAL_MAX_S = 5.0
 STATIC_MAX_S = 30.0
@@ -86,6 +84,8 @@ class Federation:
         self._query_id = 0
         self._lock = asyncio.Lock()
         self.gangs = Gangs(self)  # trials across machines
+        self.messages = Messages(self)  # what each peer message does
+        self.report = Report(self)  # the cluster as this node sees it (the cluster socket's)
         self.lend = True
         self.lend_priority_offset = 0
         self.lending = LendPolicy("local", lend=False)
@@ -221,7 +221,7 @@ class Federation:
                 if goodbye:
                     with contextlib.suppress(Exception):
                         await link.session.send({"t": "leave"})
-                self._close(link, quiet=True)
+                self.close_link(link, quiet=True)
             for link in links:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(link.session.writer.wait_closed(), 1.0)
@@ -243,8 +243,7 @@ class Federation:
         link = peer.link if peer is not None else None
         if link is None or link.closed:
             raise ConnectionError(f"no link to {node}")
-        self._query_id += 1
-        qid = self._query_id
+        qid = self.next_query_id()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.pending[qid] = fut
         try:
@@ -252,6 +251,11 @@ class Federation:
             return dict(await asyncio.wait_for(fut, timeout))
         finally:
             link.pending.pop(qid, None)
+
+    def next_query_id(self) -> int:
+        """A request id no other request on any link has (replies are matched by it)."""
+        self._query_id += 1
+        return self._query_id
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -335,7 +339,7 @@ class Federation:
         self.gossip.authenticated.add(host)
         self._found(node, host, port)
 
-    def _gossiped(self, peer: Peer, node: str, host: str, port: int) -> None:
+    def gossiped(self, peer: Peer, node: str, host: str, port: int) -> None:
         """A peer's list names a node: dialled only within the cluster's addresses."""
         if self.me is None or node == self.me.node or (host, port) in self.targets:
             if self.me is not None and node != self.me.node:
@@ -432,7 +436,7 @@ class Federation:
             peer = self.peers[hello.node] = Peer(hello.node)
             self.view.log(f"federation: peer {hello.node} joined ({host}:{hello.port})")
         elif peer.link is not None:
-            self._close(peer.link, quiet=True)
+            self.close_link(peer.link, quiet=True)
         elif peer.dropped_at is not None:
             gap = now - peer.dropped_at
             how = "reattached" if gap <= REATTACH_S else "rejoined"
@@ -458,7 +462,7 @@ class Federation:
             await link.session.send(self._hb())
             await link.session.send(self._peer_list())
 
-    def _close(self, link: Link, quiet: bool = False) -> None:
+    def close_link(self, link: Link, quiet: bool = False) -> None:
         link.quiet = link.quiet or quiet
         if link.closed:
             return
@@ -475,7 +479,7 @@ class Federation:
             while not link.closed:
                 msg = await link.session.recv()
                 peer.last_heard = time.monotonic()
-                await self._handle(peer, link, msg)
+                await self.messages.handle(peer, link, msg)
         except Refused as err:
             why = str(err)
             self.view.log(f"federation: closed the link to {peer.node}: {err}")
@@ -485,7 +489,7 @@ class Federation:
             raise
         finally:
             quiet = link.quiet
-            self._close(link)
+            self.close_link(link)
             if peer.link is link:
                 peer.link = None
                 if not quiet and not peer.left and self.on:
@@ -499,138 +503,6 @@ class Federation:
                             target.next_at = 0.0
                             target.backoff = 0.0
                     self._dial_due()
-
-    async def _handle(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        problem = schema.check(msg)
-        if problem is not None:
-            self.view.log(f"federation: refused a message from {peer.node}: {problem}")
-            answer: dict[str, Any] = {"t": "error", "error": problem}
-            if isinstance(msg.get("id"), int) and not isinstance(msg.get("id"), bool):
-                answer["id"] = msg["id"]
-            await link.session.send(answer)
-            return
-        kind = msg["t"]
-        if kind in GANG_MESSAGES:
-            self._gang_message(peer, link, msg)
-        else:  # schema.check let only the kinds of SCHEMAS through: each has its handler
-            PEER_HANDLERS[kind](self, peer, link, msg)
-
-    # ---------------------------------------------------------------- the link's own messages
-    # (PEER_HANDLERS, below the class: one handler per kind, its fields checked by
-    # schema.SCHEMAS before it runs)
-    def _on_hb(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        before = (peer.free, peer.total, peer.kind, peer.lend)
-        peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
-        peer.digest = msg["digest"]
-        peer.lend = bool(msg.get("lend", True))
-        if before[1:] != (peer.total, peer.kind, peer.lend) or peer.free > before[0]:
-            self.gangs.peers_changed()  # what waits for machines (or free slots) may go
-
-    def _on_peers(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        for entry in msg["list"]:
-            self._gossiped(peer, entry["node"], entry["host"], entry["port"])
-
-    def _on_leave(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        peer.left = True
-        self.view.log(f"federation: peer {peer.node} left")
-        self._close(link, quiet=True)
-
-    def _on_query(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        self._spawn(self._answer(link, msg))
-
-    def _on_reply(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        fut = link.pending.pop(msg.get("id", -1), None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
-        elif msg["t"] == "error":
-            self.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
-
-    def _gang_message(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        """A placement, launch, relay or fault message (federate/gangs.py); a request is
-        answered with reply{id, value} or reply{id, error: one line}."""
-        g = self.gangs
-        kind, node = msg["t"], peer.node
-        rid = msg.get("id")
-        try:
-            if kind == "relay":
-                answer = g.on_relay(node, msg)
-                if answer is not None:
-                    link.session.send_now(answer)
-                return
-            if kind == "blob" and msg["last"]:  # verified and extracted off the loop
-                self._spawn(self._last_blob(link, msg))
-                return
-            value = GANG_HANDLERS[kind](g, node, msg)
-            if rid is not None:
-                link.session.send_now({"t": "reply", "id": rid, "value": value})
-        except DetLocalError as err:
-            line = f"federation: refused {kind} from {node}: {err}"
-            if isinstance(err, LendRefused):  # a peer can ask again and again
-                self.refusals.say(f"lend|{node}|{msg.get('user')!s:.40}", line)
-            elif isinstance(err, BlobError):  # a chunk flood is one line a minute
-                self.refusals.say(f"blob|{node}|{err.code}", line)
-            else:
-                self.view.log(line)
-            if rid is not None:
-                with contextlib.suppress(Exception):
-                    link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
-        except (OSError, ConnectionError):
-            pass
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            why = f"malformed {kind} message ({type(err).__name__}: {err})"[:300]
-            self.view.log(f"federation: refused {kind} from {node}: {why}")
-            if rid is not None:
-                with contextlib.suppress(Exception):
-                    link.session.send_now({"t": "reply", "id": rid, "error": why})
-
-    async def _last_blob(self, link: Link, msg: dict[str, Any]) -> None:
-        reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.gangs.on_blob, link.node, msg
-            )
-            reply["value"] = True
-        except DetLocalError as err:
-            self.refusals.say(
-                f"blob|{link.node}|last", f"federation: refused a context from {link.node}: {err}"
-            )
-            reply["error"] = str(err)[:1000]
-        if "id" in msg:
-            with contextlib.suppress(Exception):
-                link.session.send_now(reply)
-
-    async def _answer(self, link: Link, msg: dict[str, Any]) -> None:
-        try:
-            if msg["what"] == "jobs":
-                value: Any = self.view.jobs(include_done=bool(msg.get("all", False)))
-            else:
-                value = self.view.slot_rows()
-            reply = {"t": "reply", "id": msg["id"], "value": value}
-        except Exception as err:
-            reply = {"t": "reply", "id": msg["id"], "error": f"{type(err).__name__}: {err}"[:500]}
-        with contextlib.suppress(Exception):
-            await link.session.send(reply)
-
-    async def _ask(self, peer: Peer, what: str, include_done: bool) -> Any:
-        link = peer.link
-        if link is None or link.closed:
-            raise ConnectionError(f"no link to {peer.node}")
-        self._query_id += 1
-        qid = self._query_id
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        link.pending[qid] = fut
-        await link.session.send({"t": "query", "id": qid, "what": what, "all": include_done})
-        try:
-            answer = await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
-        finally:
-            link.pending.pop(qid, None)
-        if answer.get("error"):
-            raise DetLocalError(str(answer["error"]))
-        value = answer.get("value")
-        problem = (schema.check_jobs if what == "jobs" else schema.check_slots)(value)
-        if problem:
-            raise DetLocalError(f"{peer.node} answered with an invalid list: {problem}")
-        return value
 
     # ================================================================== heartbeats, states
     def _hb(self) -> dict[str, Any]:
@@ -678,7 +550,7 @@ class Federation:
                     if send_list:
                         await link.session.send(plist)
                 except (OSError, ConnectionError, ValueError):
-                    self._close(link)
+                    self.close_link(link)
         for peer in self.peers.values():
             state = peer_state(peer, now)
             if state != peer.state:
@@ -686,84 +558,13 @@ class Federation:
                     silent = now - peer.last_heard
                     self.view.log(f"federation: peer {peer.node} is {state} (silent {silent:.1f}s)")
                     if state == "dead" and peer.link is not None:
-                        self._close(peer.link)  # a silent link is a dead one: redial
+                        self.close_link(peer.link)  # a silent link is a dead one: redial
                 elif state == "alive" and peer.state != "alive":
                     self.view.log(f"federation: peer {peer.node} is alive")
                 peer.state = state
                 self.gangs.peers_changed()
         self.gangs.tick()
         self._dial_due()
-
-    # ================================================================== the view
-    def peer_rows(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        rows: list[dict[str, Any]] = []
-        if self.on and self.me is not None:
-            free, total, _kind = self.view.slots()
-            rows.append(
-                {
-                    "id": self.me.node,
-                    "address": self.address,
-                    "state": "self",
-                    "slots_total": total,
-                    "slots_free": free,
-                    "version": __version__,
-                    "last_seen_s": 0.0,
-                    "queue": self.view.queue_digest(),
-                }
-            )
-        for peer in sorted(self.peers.values(), key=lambda p: p.node):
-            rows.append(
-                {
-                    "id": peer.node,
-                    "address": f"{peer.host}:{peer.port}",
-                    "state": peer_state(peer, now),
-                    "slots_total": peer.total,
-                    "slots_free": peer.free,
-                    "version": peer.version,
-                    "last_seen_s": round(now - peer.last_heard, 2),
-                    "queue": peer.digest,
-                }
-            )
-        return rows
-
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"federation": "on" if self.on else "off"}
-        if self.on and self.me is not None:
-            out.update(
-                node=self.me.node,
-                port=self.me.port,
-                cluster=self.me.cluster,
-                mdns=self.discovery is not None,
-                live_peers=sum(
-                    peer_state(p, time.monotonic()) == "alive" for p in self.peers.values()
-                ),
-            )
-            if self.collision:
-                out["collision"] = self.collision
-        else:
-            out["why"] = self.why_off
-        return out
-
-    async def gather(self, what: str, include_done: bool) -> list[dict[str, Any]]:
-        """Every node's jobs or slots: this node's, then each live peer's (asked now)."""
-        local = (
-            self.view.jobs(include_done=include_done) if what == "jobs" else self.view.slot_rows()
-        )
-        me = self.me.node if self.me is not None else "local"
-        out: list[dict[str, Any]] = [{"node": me, "state": "self", "value": local}]
-        peers = [p for p in sorted(self.peers.values(), key=lambda p: p.node)]
-
-        async def one(peer: Peer) -> dict[str, Any]:
-            row: dict[str, Any] = {"node": peer.node, "state": peer_state(peer, time.monotonic())}
-            try:
-                row["value"] = await self._ask(peer, what, include_done)
-            except (Exception, asyncio.TimeoutError) as err:
-                row["error"] = str(err) or type(err).__name__
-            return row
-
-        out += await asyncio.gather(*(one(p) for p in peers))
-        return out
 
 
 def collision_message(node: str, mine: str, other: str, id_file: str) -> str:
@@ -783,40 +584,3 @@ def _where(writer: asyncio.StreamWriter) -> str:
 
 
 Factory = Callable[[EngineView], Federation]
-
-
-PeerHandler = Callable[[Federation, Peer, Link, dict[str, Any]], None]
-
-# the link's own message kinds -> their handler (gang kinds go to GANG_HANDLERS)
-PEER_HANDLERS: dict[str, PeerHandler] = {
-    "hb": Federation._on_hb,
-    "peers": Federation._on_peers,
-    "leave": Federation._on_leave,
-    "query": Federation._on_query,
-    "reply": Federation._on_reply,
-    "error": Federation._on_reply,
-}
-
-
-def _ready(g: Gangs, node: str, msg: dict[str, Any]) -> None:
-    problem = g.on_ready(node, msg)
-    if problem is not None:
-        raise DetLocalError(problem)
-
-
-# a gang message kind (schema.GANG_SCHEMAS; relay is answered apart) -> its handler in
-# federate/gangs.py, given the sending node; what it returns is the reply's value
-GANG_HANDLERS: dict[str, Callable[[Gangs, str, dict[str, Any]], Any]] = {
-    "has": lambda g, node, msg: g.on_has(msg),
-    "blob": Gangs.on_blob,
-    "reserve": Gangs.on_reserve,
-    "ready": _ready,
-    "commit": Gangs.on_commit,
-    "abort": Gangs.on_abort,
-    "share": Gangs.on_share,
-    "wounded": Gangs.on_wounded,
-    "yield": Gangs.on_yield,
-    "member_exit": Gangs.on_member_exit,
-    "down": Gangs.on_down,
-    "log": Gangs.on_log,
-}
