@@ -57,8 +57,10 @@ facts = {
     "stdin_tty": os.isatty(0),
 }
 out = os.environ["OUT"]
-with open(os.path.join(out, f"{trial_id}.json"), "w") as f:
+# written whole, then renamed: the test reads the directory while trials run
+with open(os.path.join(out, f".{trial_id}.tmp"), "w") as f:
     json.dump(facts, f)
+os.rename(os.path.join(out, f".{trial_id}.tmp"), os.path.join(out, f"{trial_id}.json"))
 while os.environ.get("GATE") == str(trial_id) and not os.path.exists(os.path.join(out, "gate")):
     assert time.monotonic() < deadline + 60, "no gate"
     time.sleep(0.05)
