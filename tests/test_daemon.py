@@ -483,3 +483,21 @@ def test_cli_in_a_fresh_interpreter_has_no_daemon_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_cmd_run_to_a_daemon_loads_no_experiment_config(dl: Env) -> None:
+    """Queueing a command through a running daemon imports neither yaml nor the experiment
+    config (a `--config` parser once pulled both in: +57 modules, ~+100 ms per `cmd run`)."""
+    dl.daemon_start(**CPU1)
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", *dl.argv("cmd", "run", "--", "true")[1:]],
+        env=dl.env,
+        cwd=dl.tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Queued command" in p.stdout, p
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if "|" in line}
+    assert "det_local.client.control" in loaded  # the measurement saw the submission path
+    assert not loaded & {"yaml", "det_local.config.experiment", "det_local.sched.engine"}

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 
 DEFAULT_INTERVAL_S = 5.0
@@ -103,6 +102,8 @@ def load_usage_settings(path: Path) -> UsageSettings:
     if not isinstance(sm, dict):
         raise ConfigError(f"system_metrics in {source}: expected a mapping, found {sm!r}")
     allowed = {"enabled", "interval", "profiling_interval", "keep_full", "max_rows_per_run"}
+    from det_local.config.suggest import check_section_keys  # lazy: `cmd run` stays light
+
     check_section_keys("system_metrics.", sm, allowed, source)
     warnings: list[str] = []
     interval = _interval(
