@@ -1,0 +1,286 @@
+"""A Slurm pool whose compute node is not the daemon's host (issue 29): slurmd runs in a mount
+namespace of its own with an empty tmpfs over every test's directory (the daemon's state
+directory and socket among them, tests/slurmkit.py ``hide``), so a trial can reach the daemon
+only over the pool's TCP channel (loopback) and sees only the shared directory (stage_dir,
+checkpoints). A recording proxy between the trial and the daemon shows what crosses the wire."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import slurmkit
+from conftest import Env, one_line_error, wait_for
+
+from det_local.errors import ConfigError
+from det_local.slurm.config import parse_slurm_pool
+from det_local.slurm.stage import check_stage_dir
+from det_local.store.states import State
+from det_local.wire import channel, rpc
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
+    hidden = tmp_path_factory.getbasetemp()
+    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(hidden,))
+
+
+class Proxy:
+    """Forwards connections from ``port`` to the daemon's channel, recording what the trial
+    sends (one bytes buffer per connection)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.sent: list[bytearray] = []
+        self.stopping = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            buf = bytearray()
+            self.sent.append(buf)
+            threading.Thread(target=self._pump, args=(client, server, buf), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket, buf: bytearray) -> None:
+        pair = {client: server, server: client}
+        try:
+            while True:
+                ready, _, _ = select.select(list(pair), [], [], 1.0)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if s is client:
+                        buf += data
+                    pair[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            server.close()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.listener.close()
+
+
+@pytest.fixture
+def shared(slurm: slurmkit.Slurm) -> Iterator[Path]:
+    """What the compute node and the daemon share (outside every hidden directory)."""
+    path = slurm.root / "shared"
+    for sub in ("", "stage", "ckpts"):
+        (path / sub).mkdir(exist_ok=True)
+        os.chmod(path / sub, 0o1777)
+    yield path
+
+
+def start(dl: Env, slurm: slurmkit.Slurm, shared: Path, **extra: Any) -> Proxy:
+    (port,) = slurmkit._free_ports(1)
+    proxy = Proxy(port)
+    pool = {
+        "partition": "debug",
+        "channel": {"listen": f"127.0.0.1:{port}", "advertise": f"127.0.0.1:{proxy.port}"},
+        "stage_dir": str(shared / "stage"),
+        **extra,
+    }
+    dl.daemon_start({"resource_pools": {"hpc": {"slurm": pool}}}, SLURM_CONF=str(slurm.conf))
+    return proxy
+
+
+def config(shared: Path) -> dict[str, Any]:
+    return {
+        "resources": {"resource_pool": "hpc"},
+        "checkpoint_storage": {"type": "shared_fs", "host_path": str(shared / "ckpts")},
+    }
+
+
+PROBE = """
+import json, os, sys, determined as det
+hidden = os.path.exists(sys.argv[1])
+with det.core.init() as core:
+    with core.checkpoint.store_path({"steps_completed": 1}) as (path, _):
+        (path / "w").write_text("1")
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5})
+    with open(sys.argv[2], "w") as f:  # the token, so the test can look for it on the wire
+        f.write(os.environ["DET_LOCAL_TOKEN"])
+    print("PROBE " + json.dumps({
+        "sees_state_dir": hidden,
+        "socket": os.environ["DET_LOCAL_SOCKET"],
+        "cwd": os.getcwd(),
+        "info": os.environ["DET_LOCAL_INFO_DIR"],
+    }), flush=True)
+"""
+
+
+def daemon_log(dl: Env) -> str:
+    path = dl.paths.run_dir / "daemon.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_a_trial_on_a_node_without_the_state_dir_reports_over_tcp(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    proxy = start(dl, slurm, shared)
+    token_file = shared / "token.txt"
+    cfg = {**config(shared), "entrypoint": f"python3 train.py {dl.home} {token_file}"}
+    cfg_path, ctx = dl.context(PROBE, cfg)
+    r = dl.det("run", "--detach", cfg_path, ctx)
+    assert r.rc == 0, r
+    wait_for(
+        lambda: dl.experiment(1).state == State.COMPLETED,
+        timeout=120,
+        what=f"completion\n{slurm.logs()}\n{daemon_log(dl)}",
+    )
+    log = dl.det("trial", "logs", "1").out
+    probe = __import__("json").loads(log.split("PROBE ", 1)[1].splitlines()[0])
+    assert probe["sees_state_dir"] is False  # this node cannot see the daemon's files
+    assert probe["socket"] == f"tcp://127.0.0.1:{proxy.port}"
+    assert probe["cwd"].startswith(str(shared / "stage")) and probe["cwd"].endswith("/context")
+    assert probe["info"].startswith(str(shared / "stage"))
+    assert [m.metrics["loss"] for m in dl.metrics(1, "training")] == [0.5]
+    assert len(dl.checkpoints(1)) == 1
+    (job,) = dl.jobs()
+    assert job.state == "DONE" and job.exit_code == 0
+    # the token never crossed the wire, though the trial spoke over it
+    token = token_file.read_text().encode()
+    assert len(token) >= 32 and proxy.sent and all(len(b) > 0 for b in proxy.sent[:1])
+    assert not any(token in bytes(b) for b in proxy.sent)
+    # the staged copy is gone once the run ended; the log stayed in the state directory
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    assert "PROBE" in dl.log(1, 1)
+    proxy.close()
+
+
+def _frame(sock: socket.socket) -> dict[str, Any] | None:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    (size,) = rpc.HEADER.unpack(head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return dict(msgpack.unpackb(body, raw=False))
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    return True
+
+
+def test_pause_activate_over_tcp_and_refused_connections(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    proxy = start(dl, slurm, shared)
+    daemon = dl.daemon_pid()
+    hp = {"batches": 12, "ckpt_every": 4, "hold_at": 6}
+    cfg, ctx = dl.trainer(hp, config(shared))
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(
+        lambda: dl.store().get_trial(1).steps_completed >= 6,
+        timeout=90,
+        what=f"batch 6\n{slurm.logs()}\n{daemon_log(dl)}",
+    )
+    port = proxy.target
+    # 1. a wrong token: refused, nothing learned
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    challenge = _frame(s)
+    assert challenge is not None and challenge["t"] == "challenge"
+    nc = os.urandom(32)
+    who = channel.ids(1, 1, 0)
+    hello = {"t": "hello", "v": 1, "trial_id": 1, "run_id": 1, "rank": 0, "nc": nc}
+    s.sendall(rpc.pack({**hello, "mac": channel.client_mac("0" * 64, challenge["ns"], nc, who)}))
+    assert _frame(s) == {"t": "hello", "error": "unknown trial or wrong token"}
+    assert _closed(s)
+    # 2. garbage on a plain connect
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert _frame(s)["t"] == "challenge"  # type: ignore[index]
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(64))
+    answer = _frame(s)
+    assert answer is not None and "closed" in answer["error"]
+    assert _closed(s)
+    # 3. the trial's own handshake, recorded by the proxy, replayed on a new connection
+    recorded = bytes(proxy.sent[0])
+    (size,) = rpc.HEADER.unpack(recorded[:4])
+    replay = recorded[: 4 + size]
+    assert msgpack.unpackb(replay[4:])["t"] == "hello"
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert _frame(s)["t"] == "challenge"  # type: ignore[index]
+    s.sendall(replay)
+    assert _frame(s) == {"t": "hello", "error": "unknown trial or wrong token"}
+    assert _closed(s)
+    # the daemon stayed up and said each refusal in one line
+    assert dl.daemon_pid() == daemon and os.path.exists(f"/proc/{daemon}")
+    text = daemon_log(dl)
+    assert text.count("trial channel: refused a connection from 127.0.0.1:") >= 3, text
+    assert "unknown trial or wrong token (trial 1)" in text
+    assert "bytes before hello (the limit is 4096); closed" in text
+
+    # pause: the trial checkpoints over the channel and its job ends; activate resumes it
+    assert dl.det("experiment", "pause", 1).out.strip() == "experiment 1 paused"
+    wait_for(lambda: dl.experiment(1).state == State.PAUSED, timeout=60, what="the pause")
+    wait_for(lambda: slurm.queue() == [], timeout=30, what="the job to leave squeue")
+    assert dl.store().get_trial(1).steps_completed == 6
+    assert dl.det("experiment", "activate", 1).rc == 0
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
+    final = dl.metrics(1, "validation")[-1]
+    assert final.metrics["x"] == sum(range(12))  # no batch skipped or repeated
+    assert len(dl.jobs()) == 1 and dl.store().get_trial(1).steps_completed == 12
+    assert len(proxy.sent) >= 2  # the second job connected through the channel too
+    proxy.close()
+
+
+def test_a_stage_dir_that_cannot_be_used_is_one_line(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    start(dl, slurm, shared, stage_dir=str(shared / "missing"))
+    cfg, ctx = dl.context("print('x')", config(shared))
+    r = dl.det("run", "--detach", cfg, ctx)
+    one_line_error(
+        r,
+        f"resource_pools.hpc.slurm.stage_dir {shared / 'missing'} does not exist: create it on "
+        "the filesystem the compute nodes share, writable by the pool's users",
+    )
+    assert dl.jobs() == []
+    # a directory the submitter cannot write (the check runs as that user: here, nobody)
+    closed = shared / "closed"
+    closed.mkdir(exist_ok=True)
+    os.chmod(closed, 0o755)
+    pool = parse_slurm_pool("hpc", {"partition": "debug", "stage_dir": str(closed)}, "daemon.yaml")
+    with pytest.raises(ConfigError) as err:
+        check_stage_dir(pool, __import__("pwd").getpwnam("nobody").pw_uid)
+    assert str(err.value) == (
+        f"resource_pools.hpc.slurm.stage_dir {closed} is not writable by user nobody: the "
+        "pool's runs stage their context, log and info files there; make it writable by them "
+        "(e.g. chmod 1777) or choose another"
+    )
