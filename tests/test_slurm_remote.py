@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import psutil
 import pytest
 import slurmkit
 from conftest import Env, one_line_error, wait_for
@@ -188,6 +189,27 @@ def _frame(sock: socket.socket) -> dict[str, Any] | None:
     return dict(msgpack.unpackb(body, raw=False))
 
 
+def token_of(trial_id: int, url: str) -> str:
+    """A running trial's token, from its process's environment (the test is root); ``url``:
+    its channel (other tests' trials run on this machine too)."""
+
+    def find() -> str | None:
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+            except (psutil.Error, OSError):
+                continue
+            if (
+                env.get("DET_TRIAL_ID") == str(trial_id)
+                and env.get("DET_LOCAL_SOCKET") == url
+                and env.get("DET_LOCAL_TOKEN")
+            ):
+                return env["DET_LOCAL_TOKEN"]
+        return None
+
+    return str(wait_for(find, timeout=30, what=f"trial {trial_id}'s process"))
+
+
 def _closed(sock: socket.socket) -> bool:
     sock.settimeout(10)
     try:
@@ -239,6 +261,30 @@ def test_pause_activate_over_tcp_and_refused_connections(
     s.sendall(replay)
     assert _frame(s) == {"t": "hello", "error": "unknown trial or wrong token"}
     assert _closed(s)
+    # 4. the right token opens its own run, never another one's
+    token = token_of(1, f"tcp://127.0.0.1:{proxy.port}")
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    challenge = _frame(s)
+    assert challenge is not None
+    mac = channel.client_mac(token, challenge["ns"], nc, channel.ids(1, 1, 5))
+    s.sendall(rpc.pack({**hello, "rank": 5, "mac": mac}))
+    answer = _frame(s)
+    assert answer is not None and answer.get("error") is None, answer
+    assert answer["mac"] == channel.server_mac(token, challenge["ns"], nc, channel.ids(1, 1, 5))
+    s.close()
+    cfg2, ctx2 = dl.trainer({"batches": 50, "hold_at": 1}, config(shared), name="other")
+    assert dl.det("run", "--detach", cfg2, ctx2).rc == 0
+    wait_for(lambda: dl.store().get_trial(2).steps_completed >= 1, timeout=90, what="trial 2")
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    challenge = _frame(s)
+    assert challenge is not None
+    mac = channel.client_mac(token, challenge["ns"], nc, channel.ids(2, 1, 0))
+    s.sendall(rpc.pack({**hello, "trial_id": 2, "mac": mac}))
+    assert _frame(s) == {"t": "hello", "error": "unknown trial or wrong token"}
+    assert _closed(s)
+    assert "unknown trial or wrong token (trial 2)" in daemon_log(dl)
+    assert dl.det("experiment", "kill", 2).rc == 0
+    wait_for(lambda: dl.experiment(2).state == State.CANCELED, timeout=60, what="the kill")
     # the daemon stayed up and said each refusal in one line
     assert dl.daemon_pid() == daemon and os.path.exists(f"/proc/{daemon}")
     text = daemon_log(dl)
@@ -255,9 +301,43 @@ def test_pause_activate_over_tcp_and_refused_connections(
     wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
     final = dl.metrics(1, "validation")[-1]
     assert final.metrics["x"] == sum(range(12))  # no batch skipped or repeated
-    assert len(dl.jobs()) == 1 and dl.store().get_trial(1).steps_completed == 12
+    assert dl.jobs()[0].trial_id == 1 and dl.store().get_trial(1).steps_completed == 12
     assert len(proxy.sent) >= 2  # the second job connected through the channel too
     proxy.close()
+
+
+WAITER = """
+import os, sys, time, determined as det
+with det.core.init() as core:
+    print("before the restart", flush=True)
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": 1.0})
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("after the restart", flush=True)
+    core.train.report_training_metrics(steps_completed=2, metrics={"loss": 0.5})
+"""
+
+
+def test_a_staged_run_is_adopted_after_the_daemon_is_killed(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    start(dl, slurm, shared)
+    go = shared / "go"
+    go.unlink(missing_ok=True)
+    cfg, ctx = dl.context(WAITER, {**config(shared), "entrypoint": f"python3 train.py {go}"})
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: dl.metrics(1, "training"), timeout=90, what="the first metric")
+    wait_for(lambda: "before the restart" in dl.log(1, 1), timeout=30, what="the staged log")
+    dl.kill_daemon()
+    dl.daemon_start()  # the same daemon.yaml: the same channel
+    go.write_text("1")
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
+    assert [m.steps_completed for m in dl.metrics(1, "training")] == [1, 2]
+    log = dl.det("trial", "logs", "1").out
+    assert log.count("before the restart") == 1 and "after the restart" in log, log
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    go.unlink()
 
 
 def test_a_stage_dir_that_cannot_be_used_is_one_line(
