@@ -189,6 +189,17 @@ def _frame(sock: socket.socket) -> dict[str, Any] | None:
     return dict(msgpack.unpackb(body, raw=False))
 
 
+def session(
+    port: int, token: str, trial_id: int, run_id: int, rank: int
+) -> tuple[socket.socket, channel.Link]:
+    """A handshake as a trial makes it (wire/channel.connect)."""
+    hello = {"trial_id": trial_id, "run_id": run_id, "rank": rank, "pid": os.getpid()}
+    sock, answer, link = channel.connect(f"tcp://127.0.0.1:{port}", token, hello)
+    assert answer is not None and answer.get("error") is None, answer
+    sock.settimeout(10)
+    return sock, link
+
+
 def token_of(trial_id: int, url: str) -> str:
     """A running trial's token, from its process's environment (the test is root); ``url``:
     its channel (other tests' trials run on this machine too)."""
@@ -271,7 +282,27 @@ def test_pause_activate_over_tcp_and_refused_connections(
     answer = _frame(s)
     assert answer is not None and answer.get("error") is None, answer
     assert answer["mac"] == channel.server_mac(token, challenge["ns"], nc, channel.ids(1, 1, 5))
-    s.close()
+    # ... and then every frame is sealed: one under another key, or one replayed, closes it
+    key = channel.session_key(token, challenge["ns"], nc, channel.ids(1, 1, 5))
+    forged = channel.Link(s, channel.Sealer(os.urandom(32), channel.C2S))
+    forged.send_packed(rpc.pack({"t": "progress", "progress": 0.5}))
+    reader = channel.Link(s, None, channel.Sealer(key, channel.S2C))
+    assert reader.recv() == {
+        "t": "refused",
+        "error": "frame refused: a frame whose MAC does not verify (altered, or not this "
+        "session's); closed",
+    }
+    assert _closed(s)
+    s, link = session(port, token, 1, 1, 6)
+    sealed = channel.Sealer(link.out.key, channel.C2S).seal(
+        rpc.pack({"t": "progress", "progress": 0.5})
+    )  # type: ignore[union-attr]
+    s.sendall(sealed + sealed)
+    assert link.recv() == {
+        "t": "refused",
+        "error": "frame refused: frame 1 out of sequence (expected 2): replayed?; closed",
+    }
+    assert _closed(s)
     cfg2, ctx2 = dl.trainer({"batches": 50, "hold_at": 1}, config(shared), name="other")
     assert dl.det("run", "--detach", cfg2, ctx2).rc == 0
     wait_for(lambda: dl.store().get_trial(2).steps_completed >= 1, timeout=90, what="trial 2")
@@ -364,3 +395,34 @@ def test_a_stage_dir_that_cannot_be_used_is_one_line(
         "pool's runs stage their context, log and info files there; make it writable by them "
         "(e.g. chmod 1777) or choose another"
     )
+
+
+def test_channel_and_stage_dir_settings_are_checked() -> None:
+    def refused(raw: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as err:
+            parse_slurm_pool("hpc", {"partition": "debug", **raw}, "daemon.yaml")
+        return str(err.value)
+
+    assert refused({"channel": {"listen": "0.0.0.0:7461"}}) == (
+        "resource_pools.hpc.slurm.channel.advertise is missing in daemon.yaml: the daemon "
+        "listens on every interface (0.0.0.0:7461); name the host compute nodes reach it by, "
+        "e.g. 'advertise: login01'"
+    )
+    assert refused({"channel": {"listen": "login01"}}) == (
+        "resource_pools.hpc.slurm.channel.listen in daemon.yaml: expected host:port (e.g. "
+        "0.0.0.0:7461), found 'login01'"
+    )
+    assert "did you mean 'advertise'?" in refused(
+        {"channel": {"listen": "0.0.0.0:7461", "advertize": "login01"}}
+    )
+    assert refused({"stage_dir": "shared/x"}) == (
+        "resource_pools.hpc.slurm.stage_dir in daemon.yaml: expected an absolute path on the "
+        "filesystem the compute nodes share (e.g. /shared/det-local), found 'shared/x'"
+    )
+    assert "did you mean 'stage_dir'?" in refused({"stagedir": "/x"})
+    pool = parse_slurm_pool(
+        "hpc",
+        {"partition": "debug", "channel": {"listen": "0.0.0.0:7461", "advertise": "login01"}},
+        "daemon.yaml",
+    )
+    assert pool.channel is not None and pool.channel.url == "tcp://login01:7461"
