@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,11 +90,12 @@ class Proxy:
 @pytest.fixture
 def shared(slurm: slurmkit.Slurm) -> Iterator[Path]:
     """What the compute node and the daemon share (outside every hidden directory)."""
-    path = slurm.root / "shared"
+    path = Path(tempfile.mkdtemp(prefix="shared-", dir=slurm.root))  # this test's own
     for sub in ("", "stage", "ckpts"):
         (path / sub).mkdir(exist_ok=True)
         os.chmod(path / sub, 0o1777)
     yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def start(dl: Env, slurm: slurmkit.Slurm, shared: Path, **extra: Any) -> Proxy:
@@ -334,6 +337,8 @@ def test_pause_activate_over_tcp_and_refused_connections(
     assert final.metrics["x"] == sum(range(12))  # no batch skipped or repeated
     assert dl.jobs()[0].trial_id == 1 and dl.store().get_trial(1).steps_completed == 12
     assert len(proxy.sent) >= 2  # the second job connected through the channel too
+    # every run's staged directory (paused, resumed, killed) is gone once it ended
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
     proxy.close()
 
 

@@ -150,6 +150,7 @@ class LogPump:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        self.removals: list[tuple[Path, set[int]]] = []  # ended runs' staged directories
 
     def start(self) -> None:
         if self.thread is None:
@@ -158,6 +159,10 @@ class LogPump:
 
     def stop(self) -> None:
         self.stopping.set()
+        with self.lock:  # what ended meanwhile goes now (a daemon stopping, a run just ended)
+            removals, self.removals = self.removals, []
+        for root, mine in removals:
+            _remove(root, mine)
 
     def add(
         self, job_id: int, root: Path, local_log: Path, info_dir: str, owner: userfiles.Owner | None
@@ -185,8 +190,11 @@ class LogPump:
         while not self.stopping.wait(INTERVAL_S):
             with self.lock:
                 jobs = list(self.runs)
+                removals, self.removals = self.removals, []
             for job_id in jobs:
                 self.pump(job_id, CHUNK)
+            for root, mine in removals:
+                _remove(root, mine)
 
     def pump(self, job_id: int, limit: int) -> None:
         with self.lock:  # one copier at a time: offsets stay exact
@@ -195,19 +203,24 @@ class LogPump:
                 _copy(run, limit)
 
     def finish(self, job_id: int) -> None:
-        """The job has ended: copy the rest (bounded), then remove the staged directory."""
+        """The job has ended: copy the rest (bounded) now; its staged directory is removed by
+        the pump's thread (a context copy on a network filesystem may take a while)."""
         self.pump(job_id, FINAL_MAX)
         with self.lock:
             run = self.runs.pop(job_id, None)
-        if run is None:
-            return
+            if run is None:
+                return
+            mine = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
+            self.removals.append((run.root, mine))
         os.close(run.dir_fd)
-        mine = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
-        try:
-            if os.lstat(run.root).st_uid in mine:
-                shutil.rmtree(run.root)  # never through a link (rmtree refuses one)
-        except OSError:
-            pass
+
+
+def _remove(root: Path, owners: set[int]) -> None:
+    try:
+        if os.lstat(root).st_uid in owners:
+            shutil.rmtree(root)  # never through a link (rmtree refuses one)
+    except OSError:
+        pass
 
 
 def owner_of_job(uid: int, umask: int | None) -> userfiles.Owner | None:

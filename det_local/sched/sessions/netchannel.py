@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from det_local.errors import ConfigError
 from det_local.sched.sessions.trialserver import (
+    LARGE_FRAME,
     NOTES_PER_MINUTE,
     FrameTooLarge,
     TrialServer,
@@ -48,10 +49,17 @@ class SealedReader:
     """What the trial server reads a session from (``readexactly``), over sealed frames: each
     frame is read whole (its size checked first), verified, then handed out as a plain one."""
 
-    def __init__(self, reader: asyncio.StreamReader, sealer: channel.Sealer, limit: int) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        sealer: channel.Sealer,
+        limit: int,
+        large: asyncio.Semaphore,
+    ) -> None:
         self.reader = reader
         self.sealer = sealer
         self.limit = limit
+        self.large = large  # its uid's large reads (trialserver.LARGE_READS_PER_UID at a time)
         self.buf = b""
         self.pos = 0
 
@@ -60,17 +68,25 @@ class SealedReader:
             (size,) = rpc.HEADER.unpack(await self.reader.readexactly(rpc.HEADER.size))
             if size > self.limit + channel.OVERHEAD:
                 raise FrameTooLarge(max(size - channel.OVERHEAD, 0), self.limit)
-            sealed = await self.reader.readexactly(size)
-            try:
-                body = self.sealer.open(sealed)
-            except channel.ChannelError as err:
-                raise rpc.FrameError(f"frame refused: {err}") from None
+            if size > LARGE_FRAME:
+                async with self.large:  # read and verified whole: memory bounded per uid
+                    sealed = await self.reader.readexactly(size)
+                    loop = asyncio.get_running_loop()
+                    body = await loop.run_in_executor(None, self._open, sealed)
+            else:
+                body = self._open(await self.reader.readexactly(size))
             self.buf, self.pos = rpc.HEADER.pack(len(body)) + body, 0
         if self.pos + n > len(self.buf):
             raise rpc.FrameError("frame refused: a read across sealed frames")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
+
+    def _open(self, sealed: bytes) -> bytes:
+        try:
+            return self.sealer.open(sealed)
+        except channel.ChannelError as err:
+            raise rpc.FrameError(f"frame refused: {err}") from None
 
 
 class SealedWriter:
@@ -225,7 +241,10 @@ class TcpChannel:
         proof = {"mac": channel.server_mac(run.token, ns, nc, who)}
         if self.server.admit(run, msg, out, uid, writer, proof) is None:
             return
-        sealed_in = SealedReader(reader, channel.Sealer(key, channel.C2S), rpc.SESSION_MAX_FRAME)
+        large = self.server.state.large(uid)
+        sealed_in = SealedReader(
+            reader, channel.Sealer(key, channel.C2S), rpc.SESSION_MAX_FRAME, large
+        )
         await self.server.serve_session(run, cast(asyncio.StreamReader, sealed_in), out, uid)
 
 
