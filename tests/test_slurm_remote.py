@@ -376,6 +376,37 @@ def test_a_staged_run_is_adopted_after_the_daemon_is_killed(
     go.unlink()
 
 
+def test_time_limit_over_tcp_and_a_staged_command(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    """The batch shell's USR1 (`slurm/notify.py`) tells the engine over the TCP channel; the
+    trial checkpoints and a second job continues it. A command of the pool runs staged too."""
+    start(dl, slurm, shared, sbatch_args=["--time=10"], signal_lead=300)
+    hp = {"batches": 30, "ckpt_every": 5, "delay": 0.1}
+    cfg, ctx = dl.trainer(hp, config(shared))
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: dl.store().get_trial(1).steps_completed >= 7, timeout=90, what="batch 7")
+    (job,) = dl.jobs()
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job.pid))
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
+    assert dl.metrics(1, "validation")[-1].metrics["x"] == sum(range(30))
+    assert any("reaches its time limit soon" in e for e in dl.events(1))
+    trial = dl.store().get_trial(1)
+    assert trial.restarts == 0 and trial.steps_completed == 30
+    assert "ends soon: checkpointing to continue in a new job" in dl.log(1, 1)
+    # a command: its output (staged) in `cmd logs`, its exit status recorded
+    r = dl.det(
+        "cmd", "run", "--pool", "hpc", "--", "sh", "-c", "echo staged $SLURM_JOB_ID; exit 3",
+        cwd=shared,
+    )  # fmt: skip
+    assert r.rc == 0, r
+    cmd = [j for j in dl.jobs() if j.trial_id is None][0]
+    done = dl.wait_job(cmd.id, timeout=90)
+    assert done.exit_code == 3
+    assert f"staged {done.pid}" in dl.det("cmd", "logs", cmd.id).out
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+
+
 def test_a_stage_dir_that_cannot_be_used_is_one_line(
     dl: Env, slurm: slurmkit.Slurm, shared: Path
 ) -> None:
@@ -388,6 +419,8 @@ def test_a_stage_dir_that_cannot_be_used_is_one_line(
         "the filesystem the compute nodes share, writable by the pool's users",
     )
     assert dl.jobs() == []
+    r = dl.det("cmd", "run", "--pool", "hpc", "--", "true", cwd=shared)
+    one_line_error(r, f"resource_pools.hpc.slurm.stage_dir {shared / 'missing'} does not exist")
     # a directory the submitter cannot write (the check runs as that user: here, nobody)
     closed = shared / "closed"
     closed.mkdir(exist_ok=True)

@@ -81,8 +81,10 @@ class Pools:
         check_experiment(self.slurm[name], cfg, home)
         check_stage_dir(self.slurm[name], uid)
 
-    def check_command(self, name: str | None, kind: str, slots: int) -> int:
-        """`cmd run --pool NAME`: the pool exists and can run it; the slots it asks of it."""
+    def check_command(self, name: str | None, request: dict[str, Any]) -> int:
+        """`cmd run --pool NAME` (``request``: the command's submission, its kind, slots and
+        uid): the pool exists and can run it; the slots it asks of it."""
+        kind, slots = str(request.get("kind", "COMMAND")), request["slots"]
         self.check_pool(name, "--pool")
         if kind != JobKind.COMMAND:
             raise ConfigError(
@@ -91,10 +93,12 @@ class Pools:
             )
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ConfigError(f"--slots {slots!r}: a command in a pool needs 1 slot or more")
+        from det_local.slurm.stage import check_stage_dir
         from det_local.slurm.submit import check_slurm
 
         assert name is not None
         check_slurm(self.slurm[name], slots, "--pool")
+        check_stage_dir(self.slurm[name], request.get("uid"))
         return slots
 
     def batch_script(self, name: str | None, plan: LaunchPlan, slots: int) -> str | None:

@@ -790,7 +790,7 @@ class Engine:
         if is_default(pool):
             return self.commands.submit(**request)
         # another pool's command holds none of this machine's slots; its pool has them
-        slots = self.pools.check_command(pool, request.get("kind", "COMMAND"), request["slots"])
+        slots = self.pools.check_command(pool, request)
         job_id = self.commands.submit(**{**request, "slots": 0, "anywhere": False})
         self.store.job_pools.set(job_id, str(pool), slots)
         return job_id
