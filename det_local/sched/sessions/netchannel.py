@@ -148,16 +148,20 @@ class TcpChannel:
             await srv.wait_closed()
         self.servers.clear()
 
-    def refuse(self, peer: str, why: str, run: TrialRun | None = None) -> None:
-        """One line in the daemon's log (at most NOTES_PER_MINUTE per host and minute)."""
+    def refuse(self, who: tuple[str, str], why: str, run: TrialRun | None = None) -> None:
+        """One line in the daemon's log (at most NOTES_PER_MINUTE per host and minute).
+        ``who``: (host, host:port)."""
+        host, peer = who
         now = time.monotonic()
-        start, logged, dropped = self.notes.get(peer, (now, 0, 0))
+        if len(self.notes) > 1024:  # hosts not heard from for a minute are forgotten
+            self.notes = {h: n for h, n in self.notes.items() if now - n[0] < 60.0}
+        start, logged, dropped = self.notes.get(host, (now, 0, 0))
         if now - start >= 60.0:
             start, logged = now, 0
         if logged >= NOTES_PER_MINUTE:
-            self.notes[peer] = (start, logged, dropped + 1)
+            self.notes[host] = (start, logged, dropped + 1)
             return
-        self.notes[peer] = (start, logged + 1, 0)
+        self.notes[host] = (start, logged + 1, 0)
         more = f" [{dropped} more refusals from this host were not logged]" if dropped else ""
         self.note(
             f"trial channel: refused a connection from {peer}: {why}{more}",
@@ -172,9 +176,10 @@ class TcpChannel:
         addr = writer.get_extra_info("peername")
         host = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
         peer = f"{host}:{addr[1]}" if isinstance(addr, tuple) and len(addr) > 1 else host
+        who = (host, peer)
         try:
             if self.pending[host] >= PENDING_PER_HOST or sum(self.pending.values()) >= PENDING_MAX:
-                self.refuse(host, "too many connections in the handshake; closed")
+                self.refuse(who, "too many connections in the handshake; closed")
                 send(writer, {"t": "hello", "error": "the daemon is busy; retry", "retry": True})
                 return
             self.pending[host] += 1
@@ -189,15 +194,15 @@ class TcpChannel:
                 self.pending[host] -= 1
                 if self.pending[host] <= 0:
                     del self.pending[host]
-            await self._session(msg, ns, peer, reader, writer)
+            await self._session(msg, ns, who, reader, writer)
         except asyncio.TimeoutError:
-            self.refuse(peer, f"no hello within {rpc.HELLO_TIMEOUT:g}s; closed")
+            self.refuse(who, f"no hello within {rpc.HELLO_TIMEOUT:g}s; closed")
         except FrameTooLarge as err:
             why = f"a frame of {err.size} bytes before hello (the limit is {err.limit}); closed"
-            self.refuse(peer, why)
+            self.refuse(who, why)
             send(writer, {"t": "hello", "error": why})
         except rpc.FrameError as err:
-            self.refuse(peer, f"{err}; closed")
+            self.refuse(who, f"{err}; closed")
             send(writer, {"t": "hello", "error": f"{err}; closed"})
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -208,7 +213,7 @@ class TcpChannel:
         self,
         msg: dict[str, Any],
         ns: bytes,
-        peer: str,
+        who: tuple[str, str],
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
@@ -223,22 +228,22 @@ class TcpChannel:
             or not isinstance(mac, bytes)
         ):
             why = "the first frame must be a version-1 channel hello; closed"
-            self.refuse(peer, why)
+            self.refuse(who, why)
             send(writer, {"t": "hello", "error": why})
             return
         trial_id, run_id, rank = (cast(int, f) for f in fields)
-        who = channel.ids(trial_id, run_id, rank)
+        ids = channel.ids(trial_id, run_id, rank)
         sessions = self.server.sessions
         run = sessions.managed_run(trial_id)
-        if run is None or not hmac.compare_digest(mac, channel.client_mac(run.token, ns, nc, who)):
-            self.refuse(peer, f"{UNKNOWN} (trial {trial_id})")
+        if run is None or not hmac.compare_digest(mac, channel.client_mac(run.token, ns, nc, ids)):
+            self.refuse(who, f"{UNKNOWN} (trial {trial_id})")
             send(writer, {"t": "hello", "error": UNKNOWN})
             return
-        key = channel.session_key(run.token, ns, nc, who)
+        key = channel.session_key(run.token, ns, nc, ids)
         sealed_out = SealedWriter(writer, channel.Sealer(key, channel.S2C))
         out = cast(asyncio.StreamWriter, sealed_out)
         uid = sessions.run_uid(run)
-        proof = {"mac": channel.server_mac(run.token, ns, nc, who)}
+        proof = {"mac": channel.server_mac(run.token, ns, nc, ids)}
         if self.server.admit(run, msg, out, uid, writer, proof) is None:
             return
         large = self.server.state.large(uid)
