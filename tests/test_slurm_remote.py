@@ -265,6 +265,15 @@ def test_pause_activate_over_tcp_and_refused_connections(
     answer = _frame(s)
     assert answer is not None and "closed" in answer["error"]
     assert _closed(s)
+    # ... or a unix-socket hello (a token in clear): not a channel hello, refused
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    assert _frame(s)["t"] == "challenge"  # type: ignore[index]
+    s.sendall(rpc.pack({"t": "hello", "token": "f" * 64, "trial_id": 1, "run_id": 1}))
+    assert _frame(s) == {
+        "t": "hello",
+        "error": "the first frame must be a version-1 channel hello; closed",
+    }
+    assert _closed(s)
     # 3. the trial's own handshake, recorded by the proxy, replayed on a new connection
     recorded = bytes(proxy.sent[0])
     (size,) = rpc.HEADER.unpack(recorded[:4])
@@ -322,7 +331,7 @@ def test_pause_activate_over_tcp_and_refused_connections(
     # the daemon stayed up and said each refusal in one line
     assert dl.daemon_pid() == daemon and os.path.exists(f"/proc/{daemon}")
     text = daemon_log(dl)
-    assert text.count("trial channel: refused a connection from 127.0.0.1:") >= 3, text
+    assert text.count("trial channel: refused a connection from 127.0.0.1:") >= 4, text
     assert "unknown trial or wrong token (trial 1)" in text
     assert "bytes before hello (the limit is 4096); closed" in text
 

@@ -115,8 +115,14 @@ def stage_run(local: LaunchPlan, staged: LaunchPlan, owner: userfiles.Owner | No
     """Fill the run's staged directory from its local plan, then give it to the run's user."""
     root = Path(staged.log_path).parent
     try:
-        _clear(root)
-        os.mkdir(root, 0o700)
+        for attempt in range(3):  # someone may make the name meanwhile (it is predictable)
+            _clear(root)
+            try:
+                os.mkdir(root, 0o700)
+                break
+            except FileExistsError:
+                if attempt == 2:
+                    raise
         if "DET_TRIAL_ID" in local.env:
             shutil.copytree(local.cwd, root / "context", symlinks=True)
         shutil.copytree(local.info_dir, root / "info", symlinks=True)
