@@ -1,6 +1,7 @@
 """A Slurm pool against plain Slurm, on a private single-host Slurm (tests/slurmkit.py).
 
     python3 bench/slurm_pool.py [--runs 3] [--batch-s 0.2] [--checkpoint-s 0.5] [--reports 50000]
+                                [--channel tcp]
 
 Needs root and Debian's slurm-wlm and munge (`.ci/run` installs them). A user-mode det-local
 daemon on a temporary home has one Slurm pool (partition debug); in the same run:
@@ -15,6 +16,9 @@ daemon on a temporary home has one Slurm pool (partition debug); in the same run
   over --runs. Target: <= batch_s + checkpoint_s + 2.
 * metrics_per_s: --reports report_training_metrics calls in a tight loop inside a Slurm job,
   from the first report to the last one stored. Target: >= 10,000/s.
+* metrics_per_s_tcp (with --channel tcp): the same in a second pool whose trials report over the
+  TCP channel (`slurm.channel` on loopback, sealed frames) and run staged (`slurm.stage_dir`),
+  right after the unix socket's run, in the same daemon.
 
 The last line printed is one JSON object.
 """
@@ -107,7 +111,9 @@ def sbatched(db: Path, exp_id: int) -> float:
     return float(row[0])
 
 
-def write_context(root: Path, name: str, mode: str, hparams: dict[str, object]) -> Path:
+def write_context(
+    root: Path, name: str, mode: str, hparams: dict[str, object], pool: str = "hpc"
+) -> Path:
     ctx = root / name
     ctx.mkdir()
     (ctx / "train.py").write_text(TRIAL)
@@ -116,7 +122,7 @@ def write_context(root: Path, name: str, mode: str, hparams: dict[str, object]) 
         "entrypoint": f"python3 train.py {mode}",
         "searcher": {"name": "single", "metric": "loss", "max_length": 1},
         "hyperparameters": hparams,
-        "resources": {"resource_pool": "hpc"},
+        "resources": {"resource_pool": pool},
         "max_restarts": 0,
     }
     (ctx / "config.yaml").write_text(json.dumps(config))
@@ -129,6 +135,7 @@ def main() -> None:
     ap.add_argument("--batch-s", type=float, default=0.2)
     ap.add_argument("--checkpoint-s", type=float, default=0.5)
     ap.add_argument("--reports", type=int, default=50_000)
+    ap.add_argument("--channel", choices=["unix", "tcp"], default="unix")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="slurm-bench-"))
     slurm = start(root / "slurm")
@@ -142,9 +149,18 @@ def main() -> None:
 def run(root: Path, slurm: Slurm, args: argparse.Namespace) -> dict[str, object]:
     home = root / "home"
     home.mkdir()
-    (home / "daemon.yaml").write_text(
-        json.dumps({"resource_pools": {"hpc": {"slurm": {"partition": "debug"}}}})
-    )
+    pools: dict[str, object] = {"hpc": {"slurm": {"partition": "debug"}}}
+    if args.channel == "tcp":
+        from slurmkit import _free_ports
+
+        stage = root / "stage"
+        stage.mkdir()
+        (port,) = _free_ports(1)
+        channel = {"listen": f"127.0.0.1:{port}"}
+        pools["hpc-tcp"] = {
+            "slurm": {"partition": "debug", "channel": channel, "stage_dir": str(stage)}
+        }
+    (home / "daemon.yaml").write_text(json.dumps({"resource_pools": pools}))
     db = home / "det-local.db"
     det = det_local_cmd()
     anchor, first, gone, rate = [], [], [], 0.0
@@ -212,6 +228,15 @@ def run(root: Path, slurm: Slurm, args: argparse.Namespace) -> dict[str, object]
         poll(lambda e=exp_id: metrics_of(e) >= args.reports, timeout=600, every=0.02)
         done = time.time()
         rate = args.reports / (done - float(marker.read_text().split()[0]))
+        tcp_rate: float | None = None
+        if args.channel == "tcp":  # the same, over the TCP channel, staged
+            marker = root / "rate-tcp-start.txt"
+            hp = {"reports": args.reports, "out": str(marker)}
+            ctx = write_context(root, "rate-tcp", "rate", hp, pool="hpc-tcp")
+            exp_id = submit(ctx)
+            poll(lambda e=exp_id: metrics_of(e) >= args.reports, timeout=600, every=0.02)
+            done = time.time()
+            tcp_rate = args.reports / (done - float(marker.read_text().split()[0]))
     med_first, med_anchor = statistics.median(first), statistics.median(anchor)
     med_gone = statistics.median(gone)
     return {
@@ -231,6 +256,9 @@ def run(root: Path, slurm: Slurm, args: argparse.Namespace) -> dict[str, object]
         "pause_target_met": med_gone <= args.batch_s + args.checkpoint_s + 2,
         "metrics_per_s": round(rate),
         "metrics_target_met": rate >= 10_000,
+        "channel": args.channel,
+        "metrics_per_s_tcp": None if tcp_rate is None else round(tcp_rate),
+        "metrics_tcp_target_met": None if tcp_rate is None else tcp_rate >= 10_000,
         "reports": args.reports,
         "samples": {
             "first_metric_s": [round(x, 3) for x in first],

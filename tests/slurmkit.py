@@ -10,6 +10,7 @@ job carries it).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -128,12 +129,16 @@ def _sbin(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
-def start(root: Path, *, node: str = "n1", partition: str = "debug") -> Slurm:
+def start(
+    root: Path, *, node: str = "n1", partition: str = "debug", hide: tuple[Path, ...] = ()
+) -> Slurm:
     """munged (a private key and socket), then slurmctld -D and slurmd -D; returns once the
-    node is idle (bounded). Tried again on new ports when a port was taken meanwhile."""
+    node is idle (bounded). Tried again on new ports when a port was taken meanwhile.
+    ``hide``: directories slurmd and its jobs do not see (slurmd in a mount namespace of its
+    own, an empty tmpfs over each): a compute node that is not this host."""
     for attempt in range(3):
         try:
-            return _start(root, node, partition)
+            return _start(root, node, partition, hide)
         except PortTaken:
             if attempt == 2:
                 raise
@@ -144,7 +149,27 @@ class PortTaken(RuntimeError):
     pass
 
 
-def _start(root: Path, node: str, partition: str) -> Slurm:
+def _hidden(argv: list[str], hide: tuple[Path, ...]) -> list[str]:
+    if not hide:
+        return argv
+    mounts = " && ".join(
+        f"mount -t tmpfs -o size=1m,mode=755 hidden {shlex.quote(str(p))}" for p in hide
+    )
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        f'{mounts} && exec "$@"',
+        "slurmd",
+        *argv,
+    ]
+
+
+def _start(root: Path, node: str, partition: str, hide: tuple[Path, ...] = ()) -> Slurm:
     for old in ("slurmctld.log", "slurmd.log"):
         (root / old).unlink(missing_ok=True)
     # every user's sbatch must reach the config and munge's socket; the key stays root's
@@ -178,7 +203,7 @@ def _start(root: Path, node: str, partition: str) -> Slurm:
         )
         for argv in (
             [_sbin("slurmctld"), "-D", "-i", "-f", str(conf)],
-            [_sbin("slurmd"), "-D", "-N", node, "-f", str(conf)],
+            _hidden([_sbin("slurmd"), "-D", "-N", node, "-f", str(conf)], hide),
         ):
             procs.append(
                 subprocess.Popen(
@@ -233,8 +258,10 @@ def stop(slurm: Slurm) -> None:
             pass
 
 
-def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    """Body of a module- or session-scoped fixture (tests/test_slurm*.py)."""
+def slurm_fixture(
+    tmp_path_factory: pytest.TempPathFactory, hide: tuple[Path, ...] = ()
+) -> Iterator[Slurm]:
+    """Body of a module- or session-scoped fixture (tests/test_slurm*.py); ``hide``: see start."""
     missing = missing_tools()
     if missing:
         pytest.skip(
@@ -246,7 +273,7 @@ def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     # in /tmp, reachable by every user (pytest's own tmp is root's only); a short path: the
     # munge socket's must fit in sun_path
     root = Path(tempfile.mkdtemp(prefix="det-local-slurm-", dir="/tmp"))
-    slurm = start(root)
+    slurm = start(root, hide=hide)
     try:
         yield slurm
     finally:

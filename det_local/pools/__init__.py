@@ -54,6 +54,11 @@ class Pools:
             rows.append({"pool": name, "kind": "slurm", "where": f"partition {pool.partition}"})
         return rows
 
+    def listens(self) -> list[tuple[str, int]]:
+        """Where the daemon listens for pools' trials over TCP (`slurm.channel.listen`)."""
+        found = {(p.channel.host, p.channel.port) for p in self.slurm.values() if p.channel}
+        return sorted(found)
+
     def check_pool(self, name: str | None, where: str = "resources.resource_pool") -> None:
         """ConfigError (one line) for a pool that does not exist."""
         if is_default(name) or name in self.slurm:
@@ -63,18 +68,23 @@ class Pools:
             f"(add it under resource_pools: in {self.source})"
         )
 
-    def check_experiment(self, cfg: Any, home: Path) -> None:
-        """At submission: the pool exists, and its backend can run this experiment."""
+    def check_experiment(self, cfg: Any, home: Path, uid: int | None = None) -> None:
+        """At submission: the pool exists, and its backend can run this experiment (for the
+        submitter ``uid``; None: this process's user)."""
         name = cfg.resources.resource_pool
         self.check_pool(name)
         if is_default(name):
             return
+        from det_local.slurm.stage import check_stage_dir
         from det_local.slurm.submit import check_experiment
 
         check_experiment(self.slurm[name], cfg, home)
+        check_stage_dir(self.slurm[name], uid)
 
-    def check_command(self, name: str | None, kind: str, slots: int) -> int:
-        """`cmd run --pool NAME`: the pool exists and can run it; the slots it asks of it."""
+    def check_command(self, name: str | None, request: dict[str, Any]) -> int:
+        """`cmd run --pool NAME` (``request``: the command's submission, its kind, slots and
+        uid): the pool exists and can run it; the slots it asks of it."""
+        kind, slots = str(request.get("kind", "COMMAND")), request["slots"]
         self.check_pool(name, "--pool")
         if kind != JobKind.COMMAND:
             raise ConfigError(
@@ -83,10 +93,12 @@ class Pools:
             )
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ConfigError(f"--slots {slots!r}: a command in a pool needs 1 slot or more")
+        from det_local.slurm.stage import check_stage_dir
         from det_local.slurm.submit import check_slurm
 
         assert name is not None
         check_slurm(self.slurm[name], slots, "--pool")
+        check_stage_dir(self.slurm[name], request.get("uid"))
         return slots
 
     def batch_script(self, name: str | None, plan: LaunchPlan, slots: int) -> str | None:

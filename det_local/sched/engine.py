@@ -62,7 +62,7 @@ from det_local.sched.run.privatestart import prepare_private
 from det_local.sched.run.runas import identity, uid_of
 from det_local.sched.run.supervisor import Exit, Supervisor
 from det_local.sched.run.trialstart import StartFailed, TrialStarter
-from det_local.sched.sessions import unmanaged
+from det_local.sched.sessions import netchannel, unmanaged
 from det_local.sched.sessions.reports import Reports
 from det_local.sched.sessions.trialmessages import handle as handle_message
 from det_local.sched.sessions.trialserver import TrialServer, send
@@ -208,7 +208,7 @@ class Engine:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.supervisor.launcher.start()
-        await self.trial_server.start()
+        await netchannel.start(self.trial_server, self.pools.listens())  # + pools' TCP ones
         prepare_private(self.store, self.private, self.paths, self._out)
         recover(self)
         self.gc.collect_pending()  # ended experiments whose checkpoint GC did not finish
@@ -358,7 +358,7 @@ class Engine:
 
             cfg = make_test_config(cfg)
         slots = int(cfg.resources.slots_per_trial)
-        self.pools.check_experiment(cfg, self.paths.home)
+        self.pools.check_experiment(cfg, self.paths.home, uid)
         fit = None if not is_default(cfg.resources.resource_pool) else self.gangs.fit(slots)
         if not is_default(cfg.resources.resource_pool):
             pass  # the pool's own scheduler has the slots (checked above)
@@ -790,7 +790,7 @@ class Engine:
         if is_default(pool):
             return self.commands.submit(**request)
         # another pool's command holds none of this machine's slots; its pool has them
-        slots = self.pools.check_command(pool, request.get("kind", "COMMAND"), request["slots"])
+        slots = self.pools.check_command(pool, request)
         job_id = self.commands.submit(**{**request, "slots": 0, "anywhere": False})
         self.store.job_pools.set(job_id, str(pool), slots)
         return job_id

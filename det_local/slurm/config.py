@@ -13,6 +13,8 @@ resource_pools:
       signal_lead: 120                 # seconds before the time limit the trial is told to
                                        # checkpoint (--signal=B:USR1@N)
       shared_paths: [/scratch, /home]  # what the compute nodes mount (default: all of it)
+      channel: {listen: 0.0.0.0:7461, advertise: login01}  # other hosts: slurm/remote.py
+      stage_dir: /shared/det-local     # runs' context, log and info files (slurm/stage.py)
 ```
 """
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from det_local.errors import ConfigError
+from det_local.slurm.remote import Channel, parse_channel, parse_stage_dir
 
 DEFAULT_SIGNAL_LEAD_S = 120
 _KEYS = {
@@ -33,6 +36,8 @@ _KEYS = {
     "slots_per_node",
     "signal_lead",
     "shared_paths",
+    "channel",
+    "stage_dir",
 }
 # det-local decides these itself: a pool's sbatch_args may not set them
 RESERVED_ARGS = ("--output", "-o", "--requeue", "--no-requeue", "--signal", "--array", "-a")
@@ -49,6 +54,8 @@ class SlurmPool:
     slots_per_node: int = 1
     signal_lead: int = DEFAULT_SIGNAL_LEAD_S
     shared_paths: tuple[str, ...] = ()  # empty: compute nodes see every path this host does
+    channel: Channel | None = None  # trials report over TCP (slurm/remote.py)
+    stage_dir: str | None = None  # runs' context, log and info files there (slurm/stage.py)
 
 
 def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
@@ -107,4 +114,6 @@ def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
         slots_per_node=per_node,
         signal_lead=lead,
         shared_paths=tuple(p.rstrip("/") or "/" for p in shared),
+        channel=parse_channel(where, raw.get("channel"), source),
+        stage_dir=parse_stage_dir(where, raw.get("stage_dir"), source),
     )

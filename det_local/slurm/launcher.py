@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from det_local.sched.run import userfiles
 from det_local.sched.run.launcher import Lost, RunHandle
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.slurm import client
+from det_local.slurm import client, stage
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
 from det_local.store.paths import Paths
@@ -74,17 +75,18 @@ class SlurmLauncher:
         self.note = note
         self.pool_slots = pool_slots  # a command's slots (a trial's are in its config)
         self.poller = client.Poller()
+        self.pump = stage.LogPump()  # staged logs into the runs' own (slurm.stage_dir)
 
     def start(self) -> None:
         self.poller.start()
+        self.pump.start()
 
     def stop(self) -> None:
         self.poller.stop()  # its jobs run on; the next engine adopts them
+        self.pump.stop()
 
     # ------------------------------------------------------------------ rules 1, 2
     def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
-        from det_local.sched.run import userfiles
-
         slots = self.pool_slots(job) or slots_of(plan)
         script = batch_script(plan, self.pool, slots)
         log = Path(plan.log_path)
@@ -98,10 +100,16 @@ class SlurmLauncher:
         token = plan.env.get("DET_LOCAL_TOKEN")
         shown = script.replace(token, "<per-run token>") if token else script
         _write_new(info / "slurm-batch.sh", shown)
+        staged = stage.for_pool(plan, self.pool)
+        if self.pool.stage_dir is not None:  # the compute node sees the shared FS only
+            stage.stage_run(plan, staged, userfiles.owner_of(plan))
         env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
         slurm_id = client.sbatch(script, plan.uid, client.job_env(env))
         self.poller.watch(slurm_id)
-        return SlurmRun(job.id, slurm_id, time.time(), plan.info_dir)
+        if self.pool.stage_dir is not None:
+            root = Path(staged.log_path).parent
+            self.pump.add(job.id, root, log, plan.info_dir, userfiles.owner_of(plan))
+        return SlurmRun(job.id, slurm_id, time.time(), staged.info_dir)
 
     # ------------------------------------------------------------------ rules 3, 4, 5
     def wait_fd(self, handle: RunHandle) -> int | None:
@@ -112,7 +120,9 @@ class SlurmLauncher:
         st = self.poller.state(handle.pid)
         if st is None or not (st.ended or st.state == "GONE"):
             return None
-        return self._settle(handle, st)
+        code = self._settle(handle, st)
+        self.pump.finish(handle.job_id)  # its log whole before its exit is handled
+        return code
 
     def _settle(self, run: SlurmRun, st: client.JobState) -> int:
         code = st.code
@@ -171,10 +181,21 @@ class SlurmLauncher:
         self.poller.watch(slurm_id)
         self.poller.refresh()  # at a restart, before the loop runs: now
         st = self.poller.state(slurm_id) or client.JobState("PENDING")
-        run = SlurmRun(job.id, slurm_id, job.pid_start, info)
+        staged_info = info
+        if self.pool.stage_dir is not None:  # its staged log is copied on from where it was
+            root = stage.root_of(self.pool, info)
+            staged_info = str(root / "info")
+            log = (
+                self.paths.command_log(job.id)
+                if job.trial_id is None
+                else self.paths.trial_log(job.experiment_id or 0, job.trial_id)
+            )
+            self.pump.add(job.id, root, log, info, stage.owner_of_job(job.uid, job.umask))
+        run = SlurmRun(job.id, slurm_id, job.pid_start, staged_info)
         if not (st.ended or st.state == "GONE"):
             return run
         code = self._settle(run, st)
+        self.pump.finish(job.id)
         self.poller.forget(slurm_id)
         # lost to the cluster while no engine watched: no exit status of the trial's own, so
         # the restart queues it again from its latest checkpoint (max_restarts untouched)

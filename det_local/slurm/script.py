@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm.config import SlurmPool
+from det_local.slurm.stage import for_pool
 
 # variables of the plan that describe this machine, not the compute node
 _NODE_LOCAL = ("CUDA_VISIBLE_DEVICES", "DET_AGENT_ID")
@@ -80,6 +81,7 @@ def directives(plan: LaunchPlan, pool: SlurmPool, shape: Shape) -> list[str]:
 
 
 def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str:
+    plan = for_pool(plan, pool)  # compute nodes of other hosts: the channel, staged paths
     shape = Shape.of(slots_per_trial, pool)
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {shlex.quote(opt)}" for opt in directives(plan, pool, shape)]

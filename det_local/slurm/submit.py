@@ -47,7 +47,13 @@ def check_experiment(pool: SlurmPool, cfg: Any, home: Path) -> None:
         field = "DET_LOCAL_HOME"
     if pool.shared_paths:
         shared = ", ".join(pool.shared_paths)
-        for name, path in ((field, ckpt), ("DET_LOCAL_HOME", home)):
+        # with stage_dir the compute nodes need it, not DET_LOCAL_HOME (slurm/stage.py)
+        ours = (
+            ("DET_LOCAL_HOME", home)
+            if pool.stage_dir is None
+            else ("stage_dir", Path(pool.stage_dir))
+        )
+        for name, path in ((field, ckpt), ours):
             if not _under(path.resolve(), pool.shared_paths):
                 raise ConfigError(
                     f"{name} {path} is not on a filesystem the compute nodes of {where} share "

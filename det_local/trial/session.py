@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from det_local.errors import DetLocalError
-from det_local.wire import rpc
+from det_local.wire import channel, rpc
 
 FLUSH_INTERVAL = 0.05
 MAX_BATCH = 20_000
@@ -63,6 +63,7 @@ class Session:
         self._wake = threading.Event()
         self._closed = False
         self._sock: socket.socket | None = None
+        self._link: channel.Link | None = None
         self._connected = threading.Event()
         self._connect()
         self._sender = threading.Thread(
@@ -74,23 +75,29 @@ class Session:
     # ------------------------------------------------------------------ connection
     def _connect(self) -> None:
         deadline = time.monotonic() + RECONNECT_TIMEOUT
+        hello = {
+            "t": "hello",
+            "trial_id": self.trial_id,
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            **self._hello_extra,
+        }
         while True:
             try:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.connect(self.socket_path)
-                rpc.send(
-                    sock,
-                    {
-                        "t": "hello",
-                        "token": self.token,
-                        "trial_id": self.trial_id,
-                        "run_id": self.run_id,
-                        "rank": self.rank,
-                        "pid": os.getpid(),
-                        **self._hello_extra,
-                    },
-                )
-                answer = rpc.recv(sock)
+                if self.socket_path.startswith(channel.SCHEME):  # a compute node of a pool
+                    try:
+                        sock, answer, link = channel.connect(self.socket_path, self.token, hello)
+                    except (channel.ChannelError, rpc.FrameError, ValueError) as err:
+                        raise SessionError(
+                            f"det-local trial channel {self.socket_path}: {err}"
+                        ) from None
+                else:
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    sock.connect(self.socket_path)
+                    rpc.send(sock, {**hello, "token": self.token})
+                    answer = rpc.recv(sock)
+                    link = channel.Link(sock)
                 if answer is not None and answer.get("retry"):  # busy: many connecting at once
                     sock.close()
                     raise _Busy
@@ -109,15 +116,17 @@ class Session:
             self.preempted = True
         _say_started(self.trial_id, self.rank, answer.get("started"))
         self._sock = sock
+        self._link = link
         self._connected.set()
         threading.Thread(
-            target=self._recv_loop, args=(sock,), name="det-local-receiver", daemon=True
+            target=self._recv_loop, args=(link,), name="det-local-receiver", daemon=True
         ).start()
 
-    def _recv_loop(self, sock: socket.socket) -> None:
+    def _recv_loop(self, link: channel.Link) -> None:
+        sock = link.sock
         while True:
             try:
-                msg = rpc.recv(sock)
+                msg = link.recv()
             except (OSError, rpc.FrameError):
                 msg = None
             if msg is None:
@@ -150,11 +159,11 @@ class Session:
         """Send, reconnecting once if the daemon went away meanwhile."""
         with self._send_lock:
             for attempt in range(2):
-                if not self._connected.is_set() or self._sock is None:
+                if not self._connected.is_set() or self._link is None:
                     self._connect()
-                assert self._sock is not None
+                assert self._link is not None
                 try:
-                    self._sock.sendall(data)
+                    self._link.send_packed(data)
                     return
                 except OSError:
                     self._connected.clear()

@@ -41,6 +41,9 @@ connection to one run of one trial (its token and its process's uid); every late
 most SESSION_MAX_FRAME bytes (the trial side splits metric batches to fit) and acts on that run
 only. A refused hello answers ``{t: hello, error}``, with ``retry: true`` when it is only busy.
 
+A trial on another host (a Slurm pool's ``channel``) speaks the same messages over TCP, after
+a challenge-response handshake and with every frame sealed (``det_local/wire/channel.py``).
+
 Every frame is decoded with a budget (``det_local/wire/budget.py``): hello with TRIAL_HELLO,
 session frames with TRIAL_SESSION, what a trial reads with DAEMON_TO_TRIAL; a frame over it is a
 FrameError naming the limit, found before anything is built.

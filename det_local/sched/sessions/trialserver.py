@@ -171,6 +171,7 @@ class TrialServer:
         self.note = note
         self.state = SocketState()  # the socket's limits and refusal log
         self.server: asyncio.AbstractServer | None = None
+        self.channel: Any = None  # the pools' TCP listeners (sessions/netchannel.py), if any
 
     async def start(self) -> None:
         sock = self.path
@@ -182,6 +183,8 @@ class TrialServer:
         os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
 
     async def stop(self) -> None:
+        if self.channel is not None:
+            await self.channel.stop()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -210,7 +213,6 @@ class TrialServer:
             writer.close()
             return
         st.pending[uid] += 1
-        session = False
         try:
             try:
                 msg = await asyncio.wait_for(
@@ -239,8 +241,31 @@ class TrialServer:
             run = self._hello(msg, writer, uid)
             if run is None:
                 return
-            session = True
-            st.sessions[uid] += 1
+            await self.serve_session(run, reader, writer, uid)
+        except FrameTooLarge:
+            pass  # before hello: answered above
+        except rpc.FrameError as err:
+            why = f"{err}; closed"
+            self.refuse(uid, None, "frame", why)
+            # one line to the sender (a trial prints it), before the connection closes
+            send(writer, {"t": "hello", "error": why})
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve_session(
+        self,
+        run: TrialRun,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        uid: int,
+    ) -> None:
+        """An admitted connection's frames until it closes: the unix socket's after hello, the
+        TCP channel's (`sessions/netchannel.py`) after its handshake, through its sealing."""
+        st = self.state
+        st.sessions[uid] += 1
+        try:
             large = st.large(uid)
             while True:
                 msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION)
@@ -259,26 +284,20 @@ class TrialServer:
                 if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
-            if run is not None:
-                why = f"a frame of {err.size} bytes (the limit is {err.limit}); closed"
-                self.refuse(uid, run, "frame", why)
-                send(writer, {"t": "refused", "error": why})
+            why = f"a frame of {err.size} bytes (the limit is {err.limit}); closed"
+            self.refuse(uid, run, "frame", why)
+            send(writer, {"t": "refused", "error": why})
         except rpc.FrameError as err:
             why = f"{err}; closed"
             self.refuse(uid, run, "frame", why)
-            # one line to the sender (a trial prints it), before the connection closes
-            send(
-                writer,
-                {"t": "hello", "error": why} if run is None else {"t": "refused", "error": why},
-            )
+            send(writer, {"t": "refused", "error": why})  # one line the trial prints
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            if session:
-                st.sessions[uid] -= 1
-                if st.sessions[uid] <= 0:
-                    del st.sessions[uid]
-            if run is not None and writer in run.writers:
+            st.sessions[uid] -= 1
+            if st.sessions[uid] <= 0:
+                del st.sessions[uid]
+            if writer in run.writers:
                 run.writers.remove(writer)
                 self.sessions.session_closed(run)
             writer.close()
@@ -307,6 +326,20 @@ class TrialServer:
             self.refuse(uid, None, "hello", f"{unknown} (trial {str(trial_id)[:20]})")
             send(writer, {"t": "hello", "error": unknown})
             return None
+        return self.admit(run, msg, writer, uid, writer)
+
+    def admit(
+        self,
+        run: TrialRun,
+        msg: dict[str, Any],
+        writer: asyncio.StreamWriter,
+        uid: int,
+        answer_to: asyncio.StreamWriter,
+        proof: dict[str, Any] | None = None,
+    ) -> TrialRun | None:
+        """A connection authenticated for ``run`` (its token checked) becomes its session, or is
+        refused (answered on ``answer_to`` and logged). ``writer`` is what the session's frames go
+        through (the TCP channel's is sealed); ``proof`` goes into the answer."""
         why: str | None = None
         owner = self.sessions.run_uid(run)
         run_id = msg.get("run_id", run.run_id)
@@ -325,14 +358,14 @@ class TrialServer:
             why = f"this user already has {SESSIONS_PER_UID} trial sessions open"
         if why is not None:
             self.refuse(uid, run, "hello", why)
-            send(writer, {"t": "hello", "error": why})
+            send(answer_to, {"t": "hello", "error": why})
             return None
         run.writers.append(writer)
         started = self.sessions.session_opened(run)  # how long it took to start, the first time
-        answer: dict[str, Any] = {"t": "hello", "preempt": run.preempt_sent}
+        answer: dict[str, Any] = {"t": "hello", "preempt": run.preempt_sent, **(proof or {})}
         if started is not None:
             answer["started"] = started
-        send(writer, answer)
+        send(answer_to, answer)
         return run
 
     def refuse(self, uid: int, run: TrialRun | None, what: str, why: str) -> None:

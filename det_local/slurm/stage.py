@@ -1,0 +1,284 @@
+"""Staging a Slurm pool's runs on the shared filesystem (`resource_pools.NAME.slurm.stage_dir`),
+and the channel's address in their environment (`slurm.channel`).
+
+With ``stage_dir`` a run's files the compute node needs live under
+``<stage_dir>/det-local-<hash of the run's info directory>/`` instead of the daemon's state
+directory:
+
+* ``context/``: a copy of the trial's context snapshot (its working directory; a command keeps
+  its own directory, which must be on a shared path);
+* ``info/``: a copy of the run's info directory (``get_cluster_info()``'s facts; the job's
+  ``slurm-exit.<jobid>`` is written there);
+* ``output.log``: the job's output (``--output``). A pump thread copies what it gains into the
+  run's own log in the state directory (what `trial logs -f`, the dashboard and log policies
+  read), in bounded reads, as the run's user's file only (opened relative to the directory
+  det-local made, never through a link, its owner checked); the rest is copied when the job
+  has ended, before its exit is handled.
+
+The directory is made by the daemon (mode 0700) and given to the run's user once filled; it is
+removed when the run has ended (its log already copied). A root daemon needs to write to
+``stage_dir`` (an NFS export with root_squash refuses it: run the daemon as the user there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from det_local.errors import ConfigError, TrialError
+from det_local.sched.run import userfiles
+from det_local.sched.run.launchplan import LaunchPlan
+from det_local.slurm.config import SlurmPool
+
+LOG = "output.log"
+OFFSET_FILE = "staged-log.offset"  # in the run's own info dir: how much of the log was copied
+CHUNK = 1024 * 1024  # bytes of a staged log copied per run and pass
+FINAL_MAX = 64 * 1024 * 1024  # copied at most when the job has ended
+INTERVAL_S = 0.25
+
+
+def root_of(pool: SlurmPool, local_info_dir: str) -> Path:
+    assert pool.stage_dir is not None
+    digest = hashlib.sha256(local_info_dir.encode()).hexdigest()[:16]
+    return Path(pool.stage_dir) / f"det-local-{digest}"
+
+
+def for_pool(plan: LaunchPlan, pool: SlurmPool) -> LaunchPlan:
+    """The plan as the compute node runs it: the channel's address for the socket, the staged
+    paths for the working directory, log and info directory. The plan itself when the pool
+    has neither."""
+    if pool.channel is None and pool.stage_dir is None:
+        return plan
+    env = dict(plan.env)
+    if pool.channel is not None and "DET_LOCAL_SOCKET" in env:
+        env["DET_LOCAL_SOCKET"] = pool.channel.url
+        env["DET_MASTER"] = pool.channel.url
+    if pool.stage_dir is None:
+        return replace(plan, env=env)
+    root = root_of(pool, plan.info_dir)
+    info = root / "info"
+    if "DET_LOCAL_INFO_DIR" in env:
+        env["DET_LOCAL_INFO_DIR"] = str(info)
+        env["DET_LOCAL_TENSORBOARD_DIR"] = str(info / "tensorboard")
+    cwd = str(root / "context") if "DET_TRIAL_ID" in env else plan.cwd
+    return replace(plan, env=env, cwd=cwd, log_path=str(root / LOG), info_dir=str(info))
+
+
+def check_stage_dir(pool: SlurmPool, uid: int | None) -> None:
+    """At submission: the pool's stage_dir is a directory the submitter can write (one line)."""
+    if pool.stage_dir is None:
+        return
+    path = pool.stage_dir
+    where = f"resource_pools.{pool.name}.slurm.stage_dir {path}"
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"{where} does not exist: create it on the filesystem the compute nodes share, "
+            "writable by the pool's users"
+        )
+    if uid is None or uid == os.geteuid():
+        ok = os.access(path, os.W_OK | os.X_OK)
+        name = pwd.getpwuid(os.geteuid()).pw_name
+    else:
+        name = pwd.getpwuid(uid).pw_name
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+        test = [runuser, "-u", name, "--", "test", "-w", path, "-a", "-x", path]
+        ok = subprocess.run(test, capture_output=True, timeout=30).returncode == 0
+    if not ok:
+        raise ConfigError(
+            f"{where} is not writable by user {name}: the pool's runs stage their context, "
+            "log and info files there; make it writable by them (e.g. chmod 1777) or choose "
+            "another"
+        )
+
+
+def _clear(root: Path) -> None:
+    """A leftover of an earlier try (a crash between staging and submission): removed, a link
+    or file as itself, never followed."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(root)
+    else:
+        os.unlink(root)
+
+
+def stage_run(local: LaunchPlan, staged: LaunchPlan, owner: userfiles.Owner | None) -> None:
+    """Fill the run's staged directory from its local plan, then give it to the run's user."""
+    root = Path(staged.log_path).parent
+    try:
+        for attempt in range(3):  # someone may make the name meanwhile (it is predictable)
+            _clear(root)
+            try:
+                os.mkdir(root, 0o700)
+                break
+            except FileExistsError:
+                if attempt == 2:
+                    raise
+        if "DET_TRIAL_ID" in local.env:
+            shutil.copytree(local.cwd, root / "context", symlinks=True)
+        shutil.copytree(local.info_dir, root / "info", symlinks=True)
+        os.close(os.open(root / LOG, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+        if owner is not None:
+            for top, dirs, files in os.walk(root, topdown=False):
+                for name in dirs + files:
+                    os.chown(os.path.join(top, name), owner.uid, owner.gid, follow_symlinks=False)
+            os.chown(root, owner.uid, owner.gid, follow_symlinks=False)
+    except OSError as err:
+        raise TrialError(
+            f"cannot stage the run in {root} (slurm.stage_dir): {err.strerror or err}"
+        ) from None
+
+
+@dataclass
+class Pumped:
+    dir_fd: int  # the staged directory det-local made (held: a rename does not move it)
+    root: Path
+    local_log: Path
+    offset_file: Path
+    owner: userfiles.Owner | None
+    offset: int = 0
+
+
+class LogPump:
+    """Copies staged logs into the runs' own logs, every INTERVAL_S, from a thread."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, Pumped] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.removals: list[tuple[Path, set[int]]] = []  # ended runs' staged directories
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="slurm-log-pump", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self.lock:  # what ended meanwhile goes now (a daemon stopping, a run just ended)
+            removals, self.removals = self.removals, []
+        for root, mine in removals:
+            _remove(root, mine)
+
+    def add(
+        self, job_id: int, root: Path, local_log: Path, info_dir: str, owner: userfiles.Owner | None
+    ) -> None:
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # gone (removed by someone): nothing to copy
+        want = os.geteuid() if owner is None else owner.uid
+        if os.fstat(fd).st_uid != want:
+            os.close(fd)
+            return
+        offset_file = Path(info_dir, OFFSET_FILE)
+        try:
+            offset = int(offset_file.read_text().strip())
+        except (OSError, ValueError):
+            offset = 0
+        with self.lock:
+            old = self.runs.pop(job_id, None)
+            self.runs[job_id] = Pumped(fd, root, local_log, offset_file, owner, offset)
+        if old is not None:
+            os.close(old.dir_fd)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(INTERVAL_S):
+            with self.lock:
+                jobs = list(self.runs)
+                removals, self.removals = self.removals, []
+            for job_id in jobs:
+                self.pump(job_id, CHUNK)
+            for root, mine in removals:
+                _remove(root, mine)
+
+    def pump(self, job_id: int, limit: int) -> None:
+        with self.lock:  # one copier at a time: offsets stay exact
+            run = self.runs.get(job_id)
+            if run is not None:
+                _copy(run, limit)
+
+    def finish(self, job_id: int) -> None:
+        """The job has ended: copy the rest (bounded) now; its staged directory is removed by
+        the pump's thread (a context copy on a network filesystem may take a while)."""
+        self.pump(job_id, FINAL_MAX)
+        with self.lock:
+            run = self.runs.pop(job_id, None)
+            if run is None:
+                return
+            mine = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
+            self.removals.append((run.root, mine))
+        os.close(run.dir_fd)
+
+
+def _remove(root: Path, owners: set[int]) -> None:
+    try:
+        if os.lstat(root).st_uid in owners:
+            shutil.rmtree(root)  # never through a link (rmtree refuses one)
+    except OSError:
+        pass
+
+
+def owner_of_job(uid: int, umask: int | None) -> userfiles.Owner | None:
+    """A job's Owner when adopted (a root daemon's job of another user), from its record."""
+    if uid == 0 or os.geteuid() != 0:
+        return None
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        gid = uid
+    return userfiles.Owner(uid, gid, userfiles.DEFAULT_UMASK if umask is None else umask, None)
+
+
+def _write_offset(path: Path, offset: int) -> None:
+    """In the run's own info directory (its user's under a root daemon): never via a link."""
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(str(offset))
+
+
+def _copy(run: Pumped, limit: int) -> None:
+    try:
+        fd = os.open(
+            LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=run.dir_fd
+        )
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        want = os.geteuid() if run.owner is None else run.owner.uid
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != want or st.st_size <= run.offset:
+            return
+        moved = 0
+        out = userfiles.open_log(run.local_log, run.owner)
+        try:
+            while moved < limit:
+                data = os.pread(fd, min(CHUNK, limit - moved), run.offset)
+                if not data:
+                    break
+                os.write(out, data)
+                run.offset += len(data)
+                moved += len(data)
+        finally:
+            os.close(out)
+        if moved:
+            _write_offset(run.offset_file, run.offset)
+    except (OSError, TrialError):
+        return
+    finally:
+        os.close(fd)
