@@ -3,8 +3,11 @@ over a scripted day's allocations, checked to the second."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from det_local.store.db import Store
 from det_local.usage.report import KEYS, report
@@ -14,82 +17,46 @@ from tests.support.world import Env
 H = 3600.0
 
 
-def _day(db: Path) -> float:
-    """A scripted day two days ago: two users, a search (three trials, one preempted and
-    resumed on another slot), a command that preempted it, a 2-slot trial; returns day0."""
-    day0 = float(int(time.time() - 2 * 86400))
-    store = Store(db)
+@contextlib.contextmanager
+def _store(db: Path, readonly: bool = False) -> Iterator[Store]:
+    store = Store(db, readonly=readonly)
     try:
-        u = store.usage
-        # alice's search, experiment 1: trial 1 preempted at 02:00 by bob's command, resumed
-        u.add_allocation(
-            job_id=1,
-            kind="TRIAL",
-            user="alice",
-            slots=[0],
-            experiment_id=1,
-            trial_id=1,
-            started_at=day0,
-            ended_at=day0 + 2 * H,
-            ended="requeued",
-        )
-        u.add_allocation(
-            job_id=1,
-            kind="TRIAL",
-            user="alice",
-            slots=[1],
-            experiment_id=1,
-            trial_id=1,
-            run_id=2,
-            started_at=day0 + 3 * H,
-            ended_at=day0 + 4.5 * H,
-        )
-        u.add_allocation(
-            job_id=2,
-            kind="TRIAL",
-            user="alice",
-            slots=[1],
-            experiment_id=1,
-            trial_id=2,
-            started_at=day0,
-            ended_at=day0 + H,
-            util_sum=500,
-            util_n=10,
-        )
-        u.add_allocation(
-            job_id=3,
-            kind="TRIAL",
-            user="alice",
-            slots=[1],
-            experiment_id=1,
-            trial_id=3,
-            started_at=day0 + H,
-            ended_at=day0 + 2.5 * H,
-        )
-        # bob: a command (02:00:00 to 02:45:30, 80% busy), then a 2-slot trial
-        u.add_allocation(
-            job_id=4,
-            kind="COMMAND",
-            user="bob",
-            slots=[0],
-            started_at=day0 + 2 * H,
-            ended_at=day0 + 2 * H + 2730,
-            util_sum=800,
-            util_n=10,
-        )
-        u.add_allocation(
-            job_id=5,
-            kind="TRIAL",
-            user="bob",
-            slots=[0, 1],
-            experiment_id=2,
-            trial_id=4,
-            started_at=day0 + 5 * H,
-            ended_at=day0 + 6 * H,
-        )
+        yield store
     finally:
         store.close()
-    return day0  # fmt: skip
+
+
+# A scripted day two days ago, as (job, kind, user, slots, start, end in seconds after its
+# midnight, the rest of the record): two users, a search (three trials, one preempted and resumed
+# on another slot), a command that preempted it, a 2-slot trial.
+DAY: list[tuple[int, str, str, list[int], float, float, dict[str, Any]]] = [
+    # alice's search, experiment 1: trial 1 preempted at 02:00 by bob's command, resumed at 03:00
+    (1, "TRIAL", "alice", [0], 0, 2 * H, {"experiment_id": 1, "trial_id": 1, "ended": "requeued"}),
+    (1, "TRIAL", "alice", [1], 3 * H, 4.5 * H, {"experiment_id": 1, "trial_id": 1, "run_id": 2}),
+    (2, "TRIAL", "alice", [1], 0, H,
+     {"experiment_id": 1, "trial_id": 2, "util_sum": 500, "util_n": 10}),  # 50% busy
+    (3, "TRIAL", "alice", [1], H, 2.5 * H, {"experiment_id": 1, "trial_id": 3}),
+    # bob: a command (02:00:00 to 02:45:30, 80% busy), then a 2-slot trial
+    (4, "COMMAND", "bob", [0], 2 * H, 2 * H + 2730, {"util_sum": 800, "util_n": 10}),
+    (5, "TRIAL", "bob", [0, 1], 5 * H, 6 * H, {"experiment_id": 2, "trial_id": 4}),
+]  # fmt: skip
+
+
+def _day(db: Path) -> float:
+    """DAY's allocations in the store at `db`; returns its midnight (day0)."""
+    day0 = float(int(time.time() - 2 * 86400))
+    with _store(db) as store:
+        for job_id, kind, user, slots, start, end, rest in DAY:
+            store.usage.add_allocation(
+                job_id=job_id,
+                kind=kind,
+                user=user,
+                slots=slots,
+                started_at=day0 + start,
+                ended_at=day0 + end,
+                **rest,
+            )
+    return day0
 
 
 def test_a_scripted_day_sums_to_the_second(dl: Env) -> None:
@@ -111,11 +78,8 @@ def test_a_scripted_day_sums_to_the_second(dl: Env) -> None:
     by_exp = {r["key"]: r["slot_seconds"] for r in dl.json("usage", "--by", "experiment")["rows"]}
     assert by_exp == {1: 21600, 2: 7200, None: 2730}
     # a window cuts allocations at its edge: from 02:00 on
-    store = Store(dl.paths.db, readonly=True)
-    try:
+    with _store(dl.paths.db, readonly=True) as store:
         cut = report(store.usage, since=day0 + 2 * H, by="user")
-    finally:
-        store.close()
     assert {r["key"]: r["slot_seconds"] for r in cut["rows"]} == {
         "alice": 5400 + 1800,
         "bob": 9930,
@@ -140,8 +104,7 @@ def test_usage_json_keys_are_documented(dl: Env) -> None:
 
 
 def test_every_job_move_keeps_an_allocation_record(dl: Env) -> None:
-    store = Store(dl.paths.db)
-    try:
+    with _store(dl.paths.db) as store:
         jobs = store.jobs
         with store.transaction():
             job = jobs.create(kind="TRIAL", name="t", user="alice", uid=1000, priority=42,
@@ -176,8 +139,6 @@ def test_every_job_move_keeps_an_allocation_record(dl: Env) -> None:
         except RuntimeError:
             jobs.reload()
         assert store.usage.list_allocations(other) == []
-    finally:
-        store.close()
 
 
 def test_usage_bad_input(dl: Env) -> None:

@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,19 +25,19 @@ import pytest
 
 from det_local.federate.peers import DEAD_S
 from det_local.federate.verdict import CONFIRM_S
-from tests.federation.netns.test_federation_gang import (
+from tests.support.fednet import Net, Node
+from tests.support.gangnet import (
     checkpoints,
     db,
     exp_state,
     experiment,
-    pytestmark,
+    pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
     submit,
     trial_log,
     two_nodes,
     wait_end,
 )
-from tests.support.fednet import Net, Node, interpreter_reachable, namespaces, sweep
 from tests.support.world import gone, wait_for
 
 FAULT_SCRIPT = """
@@ -82,15 +81,6 @@ with det.core.init(distributed=distributed) as ctx:
 
 REQUEUED = "does not count toward max_restarts"
 __all__ = ["pytestmark"]
-
-
-@pytest.fixture
-def net(tmp_path: Path, accounts: None) -> Iterator[Net]:
-    """Namespaced machines; work is submitted as an ordinary account (`fednet.submitter`)."""
-    sweep()
-    with Net(tmp_path) as n, interpreter_reachable():
-        yield n
-    assert not [ns for ns in namespaces() if ns.startswith(n.prefix)]
 
 
 def restarts(node: Node) -> int:

@@ -12,24 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.netns.test_federation_gang import (
-    experiment,
-    rank_pids,
-    submit,
-    two_nodes,
-    wait_end,
-)
 from tests.federation.netns.test_federation_gang_faults import (
     FAULT_SCRIPT,
     REQUEUED,
     checkpoints,
     finished_once,
     member_jobs,
-    net,  # noqa: F401  (the fixture)
     pytestmark,  # noqa: F401  (root, iproute2; slow)
     resumed_after,
 )
 from tests.support.fednet import Net
+from tests.support.gangnet import (
+    experiment,
+    rank_pids,
+    submit,
+    two_nodes,
+    wait_end,
+)
 from tests.support.world import wait_for
 
 

@@ -7,30 +7,27 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.federation.netns.test_federation_gang import (
+from tests.support.fednet import Net, Node
+from tests.support.gangnet import (
     alive,
     checkpoints,
     db,
     exp_state,
     experiment,
-    net,  # noqa: F401  (the fixture)
+    job_row,
     ns_pids,
     pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
+    run_anywhere,
     submit,
     trial_log,
     two_nodes,
     wait_end,
 )
-from tests.support.fednet import Net, Node, as_submitter, cli_env, reachable
 from tests.support.world import wait_for
-
-CLI = [sys.executable, "-m", "det_local.cli.main"]
 
 
 def owner_and_big_peer(lan: Net) -> tuple[Node, Node]:
@@ -163,24 +160,7 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
     res = n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120")
     assert res.returncode == 0, res.stderr
     script = 'echo "ran in $(pwd) on $(ip -o -4 addr show | grep -o 10.77.0.[0-9]*)"; exit 3'
-    res = subprocess.run(
-        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", script],
-        cwd=reachable(work),
-        env=cli_env(n1.home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **as_submitter(),  # root's work never runs on a peer
-    )
-    assert res.returncode == 0, res.stderr
-    job_id = int(res.stdout.split()[-1])
-
-    def job_row(node: Node, job: int) -> tuple[str, int | None, str | None]:
-        with db(node) as conn:
-            row = conn.execute(
-                "SELECT state, exit_code, message FROM jobs WHERE id=?", (job,)
-            ).fetchone()
-        return (str(row[0]), row[1], row[2])
+    job_id = run_anywhere(n1, work, "sh", "-c", script)
 
     wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to end")
     state, code, message = job_row(n1, job_id)
@@ -197,17 +177,7 @@ def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
         rows = conn.execute("SELECT kind, state, exit_code FROM jobs").fetchall()
     assert rows == [("MEMBER", "DONE", 3)], rows
     # a long one, killed from its machine: it stops on the peer
-    res = subprocess.run(
-        [*CLI, "cmd", "run", "--anywhere", "--", "sleep", "300"],
-        cwd=reachable(work),
-        env=cli_env(n1.home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **as_submitter(),  # root's work never runs on a peer
-    )
-    assert res.returncode == 0, res.stderr
-    job_id = int(res.stdout.split()[-1])
+    job_id = run_anywhere(n1, work, "sleep", "300")
     wait_for(
         lambda: any(b"sleep\x00300" in cmdline(p) for p in ns_pids(n2)),
         timeout=30,
@@ -264,17 +234,7 @@ def test_a_relayed_log_flood_is_cut_where_the_owner_says(
         "for i in $(seq 1 40); do head -c 200000 /dev/zero | tr '\\0' x | fold -w 999; "
         "sleep 0.1; done; echo done"
     )
-    res = subprocess.run(
-        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", flood],
-        cwd=reachable(work),
-        env=cli_env(n1.home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **as_submitter(),
-    )
-    assert res.returncode == 0, res.stderr
-    job_id = int(res.stdout.split()[-1])
+    job_id = run_anywhere(n1, work, "sh", "-c", flood)
 
     def state() -> str:
         with db(n1) as conn:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.netns.test_federation_gang import (
+from tests.support.fednet import Net, Node
+from tests.support.gangnet import (
     checkpoints,
     db,
     exp_state,
     experiment,
-    net,  # noqa: F401  (the fixture)
     pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
     submit,
@@ -24,7 +24,6 @@ from tests.federation.netns.test_federation_gang import (
     two_nodes,
     wait_end,
 )
-from tests.support.fednet import Net, Node
 from tests.support.world import wait_for
 
 

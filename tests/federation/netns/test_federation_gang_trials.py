@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.federation.netns.test_federation_gang import (
+from tests.support import paths
+from tests.support.fednet import Net, Node, cli, interpreter_reachable, namespaces, sweep
+from tests.support.gangnet import (
     db,
     exp_state,
     ns_pids,
@@ -33,8 +35,6 @@ from tests.federation.netns.test_federation_gang import (
     two_nodes,
     wait_end,
 )
-from tests.support import paths
-from tests.support.fednet import Net, Node, cli, interpreter_reachable, namespaces, sweep
 from tests.support.world import wait_for
 
 FIXTURES = paths.FIXTURES

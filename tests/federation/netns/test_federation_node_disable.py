@@ -4,20 +4,17 @@ from its peers; enabled again, it does. Two nodes in network namespaces."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.federation.netns.test_federation_gang import (
+from tests.support.fednet import Net, Node
+from tests.support.gangnet import (
     db,
-    net,  # noqa: F401  (the fixture)
+    job_row,
     pytestmark,  # noqa: F401  (root, iproute2; slow)
+    run_anywhere,
     two_nodes,
 )
-from tests.support.fednet import Net, Node, as_submitter, cli_env, reachable
 from tests.support.world import wait_for
-
-CLI = [sys.executable, "-m", "det_local.cli.main"]
 
 
 def _free_seen(by: Node, peer: str) -> int | None:
@@ -45,30 +42,13 @@ def test_a_disabled_node_takes_no_anywhere_job_until_enabled(
     assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120").returncode == 0
     work = tmp_path / "work"
     work.mkdir()
-    res = subprocess.run(
-        [*CLI, "cmd", "run", "--anywhere", "--", "sh", "-c", "exit 3"],
-        cwd=reachable(work),
-        env=cli_env(n1.home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **as_submitter(),  # root's work never runs on a peer
-    )
-    assert res.returncode == 0, res.stderr
-    job_id = int(res.stdout.split()[-1])
+    job_id = run_anywhere(n1, work, "sh", "-c", "exit 3")
 
-    def row(node: Node, job: int) -> tuple[str, int | None, str | None]:
-        with db(node) as conn:
-            r = conn.execute(
-                "SELECT state, exit_code, message FROM jobs WHERE id=?", (job,)
-            ).fetchone()
-        return (str(r[0]), r[1], r[2])
-
-    assert row(n1, job_id)[0] == "QUEUED"
+    assert job_row(n1, job_id)[0] == "QUEUED"
     with db(n2) as conn:
         assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
     # enabled: n2 advertises its free slot again and the command goes there
     assert n2.cli("cluster", "node", "enable", "n2").stdout == "node n2 enabled\n"
-    wait_for(lambda: row(n1, job_id)[0] == "DONE", timeout=60, what="the command to run on n2")
-    state, code, message = row(n1, job_id)
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to run on n2")
+    state, code, message = job_row(n1, job_id)
     assert code == 3 and message is not None and "on n2" in message, (code, message)
