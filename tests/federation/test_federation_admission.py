@@ -26,7 +26,7 @@ from det_local.federate.admission import (
 )
 from det_local.federate.ratelog import RateLog
 from det_local.federate.transport import Me
-from tests.federation.test_federation_link import Victim, _free_port, victim  # noqa: F401  (the fixture)
+from tests.support.peerlink import Victim, free_port
 from tests.support.world import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a root daemon")
@@ -85,14 +85,14 @@ async def join(v: Victim, node: str) -> float:
     assert v.key is not None
     t0 = time.monotonic()
     r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", v.port), 10)
-    me = Me(node, v.key, os.urandom(8).hex(), _free_port())
+    me = Me(node, v.key, os.urandom(8).hex(), free_port())
     session, _ = await transport.client_handshake(r, w, me, "victim")
     took = time.monotonic() - t0
     session.close()
     return took
 
 
-def test_a_keyed_machine_joins_within_2s_under_a_keyless_flood(victim: Victim) -> None:  # noqa: F811
+def test_a_keyed_machine_joins_within_2s_under_a_keyless_flood(victim: Victim) -> None:
     asyncio.run(join(victim, "friend"))  # known by key from now on (as after a first join)
     before = victim.text().count(f"refused a connection from {FLOOD_FROM}")
     with Flood(victim.port) as flood:
@@ -109,7 +109,7 @@ def test_a_keyed_machine_joins_within_2s_under_a_keyless_flood(victim: Victim) -
     assert text.count(f"refused a connection from {FLOOD_FROM}") - before <= 1
 
 
-def test_sixteen_idle_connections_from_one_source_hold_only_its_share(victim: Victim) -> None:  # noqa: F811
+def test_sixteen_idle_connections_from_one_source_hold_only_its_share(victim: Victim) -> None:
     idle = []
     for _ in range(16):
         s = socket.socket()
@@ -128,7 +128,7 @@ def test_sixteen_idle_connections_from_one_source_hold_only_its_share(victim: Vi
         s.close()
 
 
-def test_a_gossiped_address_outside_the_cluster_is_not_dialled(victim: Victim) -> None:  # noqa: F811
+def test_a_gossiped_address_outside_the_cluster_is_not_dialled(victim: Victim) -> None:
     trap = socket.socket()
     trap.bind(("127.0.0.3", 0))
     trap.listen(8)
@@ -138,7 +138,7 @@ def test_a_gossiped_address_outside_the_cluster_is_not_dialled(victim: Victim) -
     async def gossip() -> None:
         assert victim.key is not None
         r, w = await asyncio.open_connection("127.0.0.1", victim.port)
-        me = Me("mallory", victim.key, os.urandom(8).hex(), _free_port())
+        me = Me("mallory", victim.key, os.urandom(8).hex(), free_port())
         session, _ = await transport.client_handshake(r, w, me, "victim")
         await session.send(
             {"t": "peers", "list": [{"node": "n7", "host": "127.0.0.3", "port": port}]}

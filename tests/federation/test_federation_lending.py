@@ -15,17 +15,17 @@ import pytest
 from det_local.federate import keys
 from det_local.federate.lending import LendPolicy, LendRefused, uid_range, valid_user_name
 from det_local.federate.settings import load
-from tests.federation.test_federation_gang_protocol import (
+from tests.support.peerlink import (
     NODE,
+    TRAIN,
     Member,
     Owner,
+    Victim,
     command_reserve,
-    member,  # noqa: F401  (the fixture)
     no_new_member_jobs,
     reserve,
     talk,
 )
-from tests.federation.test_federation_link import Victim
 from tests.support.users import A, B
 
 pytestmark = pytest.mark.skipif(
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_uid_0_root_and_system_accounts_are_refused(member: Member) -> None:  # noqa: F811
+def test_uid_0_root_and_system_accounts_are_refused(member: Member) -> None:
     lo, hi = uid_range()
     daemon_uid = pwd.getpwnam("daemon").pw_uid
 
@@ -69,7 +69,7 @@ def test_uid_0_root_and_system_accounts_are_refused(member: Member) -> None:  # 
     "name",
     ["../root", "root\n", "-rf", "a b", "a/b", "x" * 33, "ro\x00ot", "..", "émile", "$"],
 )
-def test_a_crafted_user_name_is_refused(member: Member, name: str) -> None:  # noqa: F811
+def test_a_crafted_user_name_is_refused(member: Member, name: str) -> None:
     async def scenario(o: Owner) -> None:
         before = member.jobs()
         answer = await o.ask(reserve(member, 44, user=name))
@@ -86,7 +86,7 @@ def test_a_crafted_user_name_is_refused(member: Member, name: str) -> None:  # n
     talk(member, scenario)
 
 
-def test_refusals_are_logged_once_a_minute(member: Member) -> None:  # noqa: F811
+def test_refusals_are_logged_once_a_minute(member: Member) -> None:
     needle = f"federation: refused reserve from {NODE}: victim does not run work of uid 0"
 
     async def scenario(o: Owner) -> None:
@@ -101,7 +101,7 @@ def test_refusals_are_logged_once_a_minute(member: Member) -> None:  # noqa: F81
 @pytest.fixture
 def strict(tmp_path: Path, accounts: None) -> Iterator[Member]:
     """A member that lends only to user A and only to machine n9."""
-    from tests.federation.test_federation_gang_protocol import TRAIN, pack_context
+    from det_local.federate.blobs import pack_context
     from tests.support.fednet import reachable
 
     reachable(tmp_path)

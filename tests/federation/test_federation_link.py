@@ -8,13 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,79 +20,11 @@ import pytest
 
 from det_local.federate import keys, transport
 from det_local.federate.transport import Me
-from tests.support.fednet import cli, cli_env
+from tests.support.fednet import cli
+from tests.support.peerlink import Victim
 from tests.support.world import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a root daemon")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Victim:
-    def __init__(self, home: Path, key: bytes | None, **env: str) -> None:
-        self.home = home
-        self.key = key
-        self.port = _free_port()
-        home.mkdir(parents=True, exist_ok=True)
-        if key is not None:
-            keys.write_key(home / "cluster.key", key)
-        self.env = cli_env(
-            home,
-            DET_LOCAL_NODE_ID="victim",
-            DET_LOCAL_FED_PORT=str(self.port),
-            DET_LOCAL_FED_LISTEN="127.0.0.1",
-            DET_LOCAL_MDNS="0",
-            **env,
-        )
-        self.log = home / "daemon-test.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "det_local.cli.main", "daemon"],
-                env=self.env,
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        wait_for(lambda: (home / "run" / "daemon.pid").exists(), timeout=60, what="daemon up")
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def logged(self, needle: str, timeout: float = 15.0) -> str:
-        def find() -> str | None:
-            lines = [line for line in self.text().splitlines() if needle in line]
-            return lines[-1] if lines else None
-
-        return wait_for(find, timeout=timeout, what=f"log line with {needle!r}")
-
-    def peers(self) -> list[dict[str, Any]]:
-        res = cli(self.home, "cluster", "peers", "--json")
-        assert res.returncode == 0, res.stderr
-        return list(json.loads(res.stdout))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Iterator[Victim]:
-    v = Victim(tmp_path / "victim", keys.new_key())
-    wait_for(lambda: "listening on 127.0.0.1" in v.text(), timeout=30, what="federation on")
-    try:
-        yield v
-    finally:
-        v.stop()
 
 
 def frame(msg: Any) -> bytes:

@@ -14,13 +14,7 @@ import pytest
 from det_local.federate.blobs import MAX_CHUNK, ContextCache, pack_context
 from det_local.federate.shipments import Shipments
 from det_local.federate.untar import BlobError
-from tests.federation.test_federation_gang_protocol import (
-    NODE,
-    Member,
-    Owner,
-    member,  # noqa: F401  (the fixture)
-    talk,
-)
+from tests.support.peerlink import NODE, Member, Owner, talk
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a root daemon")
 
@@ -31,7 +25,7 @@ def blob(digest: str, data: bytes, off: int = 0, last: bool = True) -> dict[str,
     }
 
 
-def test_a_context_nobody_reserved_is_refused(member: Member) -> None:  # noqa: F811
+def test_a_context_nobody_reserved_is_refused(member: Member) -> None:
     data = os.urandom(4096)
     digest = hashlib.sha256(data).hexdigest()
 

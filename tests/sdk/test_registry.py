@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from det_local.errors import DetLocalError
-from tests.sdk.test_sdk import CORE, client, core_config  # noqa: F401 (the client fixture)
+from tests.sdk.test_sdk import CORE, core_config
 from tests.support.world import Env, one_line_error, wait_for
 
 
@@ -65,7 +65,7 @@ def test_registry_from_the_cli(dl: Env) -> None:
     assert dl.det("checkpoint", "delete", uuids[1], "--yes").out == "deleted 1 checkpoint\n"
 
 
-def test_registry_from_the_sdk(dl: Env, client: Any) -> None:  # noqa: F811
+def test_registry_from_the_sdk(dl: Env, client: Any) -> None:
     """docs/model-dev-guide/model-management/model-registry-org.rst, flow by flow."""
     from determined.experimental import Determined, ModelSortBy, OrderBy
 
@@ -163,7 +163,7 @@ def test_registry_on_the_dashboard(dl: Env, monkeypatch: pytest.MonkeyPatch) -> 
     assert status == 404
 
 
-def test_checkpoint_gc_keeps_a_registered_checkpoint(dl: Env, client: Any) -> None:  # noqa: F811
+def test_checkpoint_gc_keeps_a_registered_checkpoint(dl: Env, client: Any) -> None:
     """Checkpoints at steps 2, 4, 6, 8; best (val) at 4, latest 8: GC deletes 2 and 6, but 2
     was registered while the experiment ran, so only 6 goes."""
     gate = dl.tmp / "gate"
@@ -183,7 +183,7 @@ def test_checkpoint_gc_keeps_a_registered_checkpoint(dl: Env, client: Any) -> No
     assert Path(first.path).is_dir()
 
 
-def test_experiment_delete_keeps_registered_checkpoints(dl: Env, client: Any) -> None:  # noqa: F811
+def test_experiment_delete_keeps_registered_checkpoints(dl: Env, client: Any) -> None:
     _run(dl)
     ckpts = dl.checkpoints(1)
     kept = ckpts[0]

@@ -7,7 +7,6 @@ and with one (a spool request as the caller)."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 import torch
 
 from det_local.errors import DetLocalError
-from tests.support.paths import COMPAT
 from tests.support.world import Env, wait_for
 from tests.trial.test_pytorch_run import TRAIN
 from tests.trial.test_pytorch_run import config as pytorch_config
@@ -66,21 +64,6 @@ def core_config(**fields: Any) -> dict[str, Any]:
     }
     cfg.update(fields)
     return cfg
-
-
-@pytest.fixture
-def client(dl: Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """`from determined.experimental import client`, as a notebook imports it."""
-    monkeypatch.syspath_prepend(str(COMPAT))
-    monkeypatch.chdir(tmp_path)
-    for name in [m for m in sys.modules if m == "determined" or m.startswith("determined.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import det_local.sdk.client
-
-    monkeypatch.setattr(det_local.sdk.client, "_determined", None)  # login() of another test
-    from determined.experimental import client as c
-
-    return c
 
 
 def test_notebook_flow_end_to_end_with_no_daemon(dl: Env, client: Any, tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from tests.support.world import wait_for
     "away_s", [1.5, 5.0, pytest.param(30.0, marks=pytest.mark.slow, id="30.0")]
 )
 def test_a_member_killed_whole_and_restarted_is_a_lost_machine(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
     away_s: float,
 ) -> None:

@@ -36,7 +36,7 @@ def owner_and_big_peer(lan: Net) -> tuple[Node, Node]:
 
 
 def test_trial_runs_wholly_on_a_peer_and_its_owner_records_it(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     n1, n2 = owner_and_big_peer(net)
@@ -61,7 +61,7 @@ def test_trial_runs_wholly_on_a_peer_and_its_owner_records_it(
 
 
 def test_pause_activate_and_peer_loss_of_a_trial_its_owner_only_coordinates(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     n1, n2 = owner_and_big_peer(net)
@@ -99,7 +99,7 @@ def test_pause_activate_and_peer_loss_of_a_trial_its_owner_only_coordinates(
 
 
 def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_full(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     n1, n2 = two_nodes(net)
@@ -151,7 +151,7 @@ def test_a_trial_that_may_run_anywhere_runs_on_an_idle_peer_when_its_machine_is_
 
 
 def test_a_command_that_may_run_anywhere_runs_on_an_idle_peer_and_can_be_killed(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     n1, n2 = two_nodes(net)
@@ -208,7 +208,7 @@ def cmdline(pid: int) -> bytes:
 
 
 def test_a_relayed_log_flood_is_cut_where_the_owner_says(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     """A peer writing 8 MB of output into a command's log (here an honest one running a loud
@@ -251,7 +251,7 @@ def test_a_relayed_log_flood_is_cut_where_the_owner_says(
 
 
 def test_roots_work_is_refused_by_the_lender_with_one_line_on_each_side(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     """root's `cmd run --anywhere` while this machine is full: the peer refuses it (root never

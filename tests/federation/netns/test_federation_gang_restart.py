@@ -51,7 +51,7 @@ def placed_once(node: Node, exp_id: int) -> None:
 
 @pytest.mark.parametrize("who", ["member", "owner"])
 def test_a_daemon_restart_keeps_the_gang_running(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
     who: str,
 ) -> None:
@@ -77,7 +77,7 @@ def test_a_daemon_restart_keeps_the_gang_running(
 
 @pytest.mark.parametrize("who", ["member", "owner"])
 def test_a_share_the_cluster_does_not_take_back_is_ended(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
     who: str,
 ) -> None:
@@ -115,7 +115,7 @@ def test_a_share_the_cluster_does_not_take_back_is_ended(
 
 
 def test_an_owner_killed_whole_stops_the_members_and_requeues_on_restart(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     """kill -9 of the owner's daemon and its ranks: the member's ranks stop within 15 s; the

@@ -25,7 +25,7 @@ def _free_seen(by: Node, peer: str) -> int | None:
 
 
 def test_a_disabled_node_takes_no_anywhere_job_until_enabled(
-    net: Net,  # noqa: F811
+    net: Net,
     tmp_path: Path,
 ) -> None:
     n1, n2 = two_nodes(net)
