@@ -234,7 +234,7 @@ def stop(slurm: Slurm) -> None:
 
 
 def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    """Body of a module- or session-scoped fixture (tests/slurm/)."""
+    """Body of a module- or session-scoped fixture (tests/test_slurm*.py)."""
     missing = missing_tools()
     if missing:
         pytest.skip(

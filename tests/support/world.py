@@ -26,9 +26,7 @@ import yaml
 from det_local.sched.intake import spool
 from det_local.store.db import Store
 from det_local.store.paths import Paths
-from tests.support.paths import COMPAT, REPO, TRAINER
-
-__all__ = ["COMPAT", "REPO", "TRAINER"]  # re-exported: tests import them from here too
+from tests.support.paths import TRAINER
 
 CLI_TIMEOUT = 60.0
 
