@@ -2,8 +2,8 @@
 
     python3 bench/federated_gang.py [--runs N] [--repeats R]
 
-Every node is a `det-local daemon` in its own namespace (tests/fednet.py), joined by a cluster
-key and a static peer, mDNS off. Times come from the daemons' own records where they can.
+Every node is a `det-local daemon` in its own namespace (tests/support/fednet.py), joined by a
+cluster key and a static peer, mDNS off. Times come from the daemons' own records where they can.
 
 - placement_ms_p50/p99: a 2-slot trial on two 1-slot nodes (one rank each) whose script exits at
   once, N runs. From the owner's trial job `submitted_at` (the daemon queued the job) until the
@@ -60,12 +60,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from fednet import Net, Node, cli, submitter_account, sweep  # noqa: E402
-
 from det_local.federate import keys  # noqa: E402
+from tests.support.fednet import Net, Node, cli, submitter_account, sweep  # noqa: E402
 
 NO_MDNS = {"DET_LOCAL_MDNS": "0"}
 ENTRY = "python3 -m determined.launch.torch_distributed python3 train.py"

@@ -39,14 +39,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
-
-from fednet import Net, sweep  # noqa: E402
 
 from det_local.federate import keys  # noqa: E402
 from det_local.federate.client import request  # noqa: E402
 from det_local.store.paths import Paths  # noqa: E402
+from tests.support.fednet import Net, sweep  # noqa: E402
 
 MDNS = {"DET_LOCAL_FED_INTERFACES": "eth0"}
 

@@ -1,5 +1,5 @@
-"""GPU checks anyone can rerun (issue 28): the GPU-marked tests (tests/test_gpu.py and the other
-``@pytest.mark.gpu`` tests), then bench/trainer_overhead.py --device cuda, and one summary.
+"""GPU checks anyone can rerun (issue 28): the GPU-marked tests (tests/sched/test_gpu.py and the
+other ``@pytest.mark.gpu`` tests), then bench/trainer_overhead.py --device cuda, and one summary.
 
 On a machine without an NVIDIA GPU every check skips (said in the summary) and the exit status
 is 0; a failing test makes it 1.

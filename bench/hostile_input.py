@@ -22,7 +22,7 @@ max_1s, the worst lag of each second).
 
 Targets: spool: <= 50 ms of daemon CPU per refused request, RSS growth <= 50 MB, VICTOR
 answered <= 1 s, loop stall <= 100 ms; frame: RSS growth <= 100 MB, VICTOR answered <= 1 s.
-  federation: two federated daemons in network namespaces (tests/fednet.py, as
+  federation: two federated daemons in network namespaces (tests/support/fednet.py, as
            bench/federation.py does); node 1's spool gets the same N bombs (as root) while
            each node's view of the other (last_seen_s: the gap since it last heard it, and its
            state) is polled every 50 ms; 3 s quiet first, as the anchor. Target: no gap over
@@ -310,16 +310,15 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
 
 
 def federation_phase(n: int) -> dict[str, Any]:
-    """Two federated daemons in network namespaces (tests/fednet.py, as bench/federation.py);
-    node 1's spool gets N bombs while the gap since each node last heard the other (their
-    `peers` rows' last_seen_s) and their states are polled every 50 ms."""
+    """Two federated daemons in network namespaces (tests/support/fednet.py, as
+    bench/federation.py); node 1's spool gets N bombs while the gap since each node last heard
+    the other (their `peers` rows' last_seen_s) and their states are polled every 50 ms."""
     repo = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(repo / "tests"))
-    from fednet import Net, sweep
-
+    sys.path.insert(0, str(repo))
     from det_local.federate import keys
     from det_local.federate.client import request
     from det_local.store.paths import Paths
+    from tests.support.fednet import Net, sweep
 
     def rows(home: Path) -> dict[str, dict[str, Any]]:
         try:

@@ -1,4 +1,4 @@
-"""A Slurm pool against plain Slurm, on a private single-host Slurm (tests/slurmkit.py).
+"""A Slurm pool against plain Slurm, on a private single-host Slurm (tests/support/slurmkit.py).
 
     python3 bench/slurm_pool.py [--runs 3] [--batch-s 0.2] [--checkpoint-s 0.5] [--reports 50000]
                                 [--channel tcp]
@@ -40,9 +40,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 from _common import Daemon, det_local_cmd  # noqa: E402
-from slurmkit import Slurm, start, stop  # noqa: E402
+
+from tests.support.slurmkit import Slurm, start, stop  # noqa: E402
 
 TRIAL = """\
 import json, os, sys, time

@@ -8,6 +8,7 @@ Usage: python docs/screenshots.py   (about a minute; needs the test extra and ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -15,7 +16,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import sync_playwright
 
@@ -43,6 +46,51 @@ def until(page: object, expression: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def dashboard(env: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """`det-local dashboard` over env's home on a free port, answering: (its address, token)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert server.stdout is not None
+        # its first line: "det-local dashboard of HOME: http://127.0.0.1:PORT/?token=TOKEN"
+        token = server.stdout.readline().strip().rpartition("?token=")[2]
+        if not token:
+            raise SystemExit("the dashboard printed no login address")
+        auth = {"Authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                req = urllib.request.Request(base + "/api/", headers=auth)
+                urllib.request.urlopen(req, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the dashboard did not answer") from None
+                time.sleep(0.1)
+        yield base, token
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def chromium_page(width: int, height: int) -> Iterator[Any]:
+    """A page of Debian's headless chromium (Playwright), closed at the end."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         env = {
@@ -52,49 +100,16 @@ def main() -> None:
             "DET_LOCAL_METRIC_LINES": "0",
         }
         det(env, "run", str(EXAMPLE / "adaptive.yaml"), str(EXAMPLE))
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            assert server.stdout is not None
-            # its first line: "det-local dashboard of HOME: http://127.0.0.1:PORT/?token=TOKEN"
-            token = server.stdout.readline().strip().rpartition("?token=")[2]
-            if not token:
-                raise SystemExit("the dashboard printed no login address")
-            auth = {"Authorization": f"Bearer {token}"}
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    req = urllib.request.Request(base + "/api/", headers=auth)
-                    urllib.request.urlopen(req, timeout=2).read()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("the dashboard did not answer") from None
-                    time.sleep(0.1)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path="/usr/bin/chromium", args=ARGS, headless=True
-                )
-                page = browser.new_page(viewport={"width": 1280, "height": 860})
-                page.goto(f"{base}/experiments/1?token={token}")  # logs in: cookie, redirect
-                until(page, "window.detCharts && window.detCharts.size > 0")
-                page.locator("#charts").scroll_into_view_if_needed()
-                page.evaluate("window.scrollBy(0, -240)")  # the trials table's end, then charts
-                page.screenshot(path=str(ROOT / "docs" / "dashboard.png"))
-                page.goto(base + "/experiments/1/hparams")
-                until(page, "document.querySelectorAll('canvas').length > 1")
-                time.sleep(1)  # ECharts' entry animation
-                page.screenshot(path=str(ROOT / "docs" / "dashboard-hparams.png"))
-                browser.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+        with dashboard(env) as (base, token), chromium_page(1280, 860) as page:
+            page.goto(f"{base}/experiments/1?token={token}")  # logs in: cookie, redirect
+            until(page, "window.detCharts && window.detCharts.size > 0")
+            page.locator("#charts").scroll_into_view_if_needed()
+            page.evaluate("window.scrollBy(0, -240)")  # the trials table's end, then charts
+            page.screenshot(path=str(ROOT / "docs" / "dashboard.png"))
+            page.goto(base + "/experiments/1/hparams")
+            until(page, "document.querySelectorAll('canvas').length > 1")
+            time.sleep(1)  # ECharts' entry animation
+            page.screenshot(path=str(ROOT / "docs" / "dashboard-hparams.png"))
 
 
 if __name__ == "__main__":

@@ -13,21 +13,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
-
-from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "digits_pytorch"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from screenshots import det, free_port, until  # noqa: E402
+from screenshots import chromium_page, dashboard, det, until  # noqa: E402
 
 
 def script_gpu(path: Path, stop: threading.Event) -> None:
@@ -59,48 +54,12 @@ def main() -> None:
         det(env, "daemon", "start")
         try:
             det(env, "run", str(EXAMPLE / "const.yaml"), str(EXAMPLE))
-            port = free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "det_local.cli.main", "dashboard", "--port", str(port)],
-                env=env,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            base = f"http://127.0.0.1:{port}"
-            # its first line: "det-local dashboard of HOME: http://127.0.0.1:PORT/?token=TOKEN"
-            assert server.stdout is not None
-            token = server.stdout.readline().strip().rpartition("?token=")[2]
-            if not token:
-                raise SystemExit("the dashboard printed no access token")
-            try:
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        urllib.request.urlopen(
-                            urllib.request.Request(
-                                base + "/api/", headers={"Authorization": f"Bearer {token}"}
-                            ),
-                            timeout=2,
-                        ).read()
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise SystemExit("the dashboard did not answer") from None
-                        time.sleep(0.1)
-                with sync_playwright() as p:
-                    browser = p.chromium.launch(
-                        executable_path="/usr/bin/chromium", args=ARGS, headless=True
-                    )
-                    page = browser.new_page(viewport={"width": 1240, "height": 900})
-                    page.goto(f"{base}/trials/1?token={token}")  # logs in: cookie, redirect
-                    until(page, "window.detSystemCharts && window.detSystemCharts.size >= 4")
-                    page.locator("#system-charts").screenshot(
-                        path=str(ROOT / "docs" / "system-metrics.png")
-                    )
-                    browser.close()
-            finally:
-                server.terminate()
-                server.wait(timeout=10)
+            with dashboard(env) as (base, token), chromium_page(1240, 900) as page:
+                page.goto(f"{base}/trials/1?token={token}")  # logs in: cookie, redirect
+                until(page, "window.detSystemCharts && window.detSystemCharts.size >= 4")
+                page.locator("#system-charts").screenshot(
+                    path=str(ROOT / "docs" / "system-metrics.png")
+                )
         finally:
             stop.set()
             det(env, "daemon", "stop")

@@ -1,0 +1,1 @@
+"""Experiment configs: loading, validation messages, limits, the context, `config check`."""

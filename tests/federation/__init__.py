@@ -1,0 +1,1 @@
+"""Federation (det_local/federate/) on loopback or in-process: link, blobs, gang protocol."""

@@ -1,0 +1,1 @@
+"""Federation between real daemons, one per Linux network namespace (root; marker `netns`)."""

@@ -1,0 +1,54 @@
+"""`cluster node disable|enable NAME`: a disabled node takes no anywhere jobs (or gang shares)
+from its peers; enabled again, it does. Two nodes in network namespaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.fednet import Net, Node
+from tests.support.gangnet import (
+    db,
+    job_row,
+    pytestmark,  # noqa: F401  (root, iproute2; slow)
+    run_anywhere,
+    two_nodes,
+)
+from tests.support.world import wait_for
+
+
+def _free_seen(by: Node, peer: str) -> int | None:
+    res = by.cli("cluster", "peers", "--json")
+    rows = {r["id"]: r for r in json.loads(res.stdout)} if res.returncode == 0 else {}
+    row = rows.get(peer)
+    return None if row is None else row["slots_free"]
+
+
+def test_a_disabled_node_takes_no_anywhere_job_until_enabled(
+    net: Net,
+    tmp_path: Path,
+) -> None:
+    n1, n2 = two_nodes(net)
+    res = n2.cli("cluster", "node", "disable", "n2")
+    assert res.returncode == 0 and res.stdout.startswith(
+        "node n2 disabled: it takes no new gang"
+    ), res.stdout + res.stderr
+    res = n1.cli("cluster", "node", "disable", "n2")  # only on n2 itself
+    assert res.returncode == 1 and "run `det-local cluster node disable n2` on n2 itself" in (
+        res.stderr
+    ), res.stderr
+    wait_for(lambda: _free_seen(n1, "n2") == 0, timeout=30, what="n1 to see n2 with none free")
+    # n1's slot is taken: an anywhere command waits here, for n2 lends nothing now
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "120").returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    job_id = run_anywhere(n1, work, "sh", "-c", "exit 3")
+
+    assert job_row(n1, job_id)[0] == "QUEUED"
+    with db(n2) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+    # enabled: n2 advertises its free slot again and the command goes there
+    assert n2.cli("cluster", "node", "enable", "n2").stdout == "node n2 enabled\n"
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to run on n2")
+    state, code, message = job_row(n1, job_id)
+    assert code == 3 and message is not None and "on n2" in message, (code, message)

@@ -1,0 +1,1 @@
+"""Launchers (det_local/launch/): torch_distributed, deepspeed, horovod, multinode, DDP."""

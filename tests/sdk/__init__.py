@@ -1,0 +1,1 @@
+"""The Python SDK (det_local/sdk/) and the model registry."""

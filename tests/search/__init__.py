@@ -1,0 +1,1 @@
+"""Hyperparameter search (det_local/search/): arithmetic, simulations, through the daemon."""

@@ -1,0 +1,1 @@
+"""System mode: a root daemon, real Unix users, hostile input, containment."""

@@ -1,0 +1,1 @@
+"""Usage reports and system metrics (det_local/usage/)."""

@@ -1,0 +1,1 @@
+"""Wire formats (det_local/wire/, rpc): the budgeted decoder, session frames."""
