@@ -19,14 +19,14 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
-import slurmkit
-from conftest import Env, one_line_error, wait_for
 
 from det_local.errors import ConfigError
 from det_local.slurm.config import parse_slurm_pool
 from det_local.slurm.stage import check_stage_dir
 from det_local.store.states import State
 from det_local.wire import channel, rpc
+from tests.support import slurmkit
+from tests.support.world import Env, one_line_error, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import slurmkit
-from conftest import A, Env, Shared, kill_home_processes, wait_for
 
 from det_local import api
 from det_local.store.states import State
+from tests.support import slurmkit
+from tests.support.users import A, Shared
+from tests.support.world import Env, kill_home_processes, wait_for
 
 pytestmark = [
     pytest.mark.slow,
