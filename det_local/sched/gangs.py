@@ -207,7 +207,7 @@ class GangShares:
     def end_owner_run(self, trial_id: int, run_id: int, why: str, *, lost: bool) -> None:
         """Stop this node's ranks of the gang (a member failed or a machine was lost)."""
         engine = self.engine
-        run = engine.runs.get(trial_id)
+        run = self.sessions.managed_run(trial_id)
         if run is None or run.run_id != run_id:
             return
         if lost:
@@ -290,8 +290,7 @@ class GangShares:
 
     def apply_relayed(self, trial_id: int, run_id: int, frame: dict[str, Any]) -> Any:
         """A frame of one of the trial's ranks on another node, applied as a local one."""
-        engine = self.engine
-        run = engine.runs.get(trial_id)
+        run = self.sessions.managed_run(trial_id)
         if run is None or run.run_id != run_id:
             raise DetLocalError(f"run {run_id} of trial {trial_id} is not running here")
         return self.sessions.handle(run, frame, self.sessions.run_uid(run))
@@ -531,7 +530,7 @@ class GangShares:
         elif job.kind == JobKind.COMMAND:
             self.remote_command_ended(job_id, 1, "another machine", why)
         else:
-            run = engine.runs.get(job.trial_id or -1)
+            run = self.sessions.managed_run(job.trial_id or -1)
             if run is None:
                 return
             self.peer_lost[run.trial_id] = why

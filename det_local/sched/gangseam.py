@@ -83,8 +83,8 @@ class Placer(Protocol):
 
 
 class GangHost(Protocol):
-    """What gang shares use of the engine (`sched/engine.py` is one): its components, its live
-    runs and experiments. Narrow on purpose, like every other component's host; what a share
+    """What gang shares use of the engine (`sched/engine.py` is one): its components and its
+    experiments. Narrow on purpose, like every other component's host; what a share
     does to a trial goes through `GangTrials`, what it does to a session through
     `GangSessions`."""
 
@@ -95,7 +95,6 @@ class GangHost(Protocol):
     supervisor: Supervisor
     commands: Commands
     private: PrivateFiles
-    runs: dict[int, TrialRun]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -136,8 +135,10 @@ class GangTrials(Protocol):
 
 
 class GangSessions(Protocol):
-    """What gang shares ask of trial sessions (`sched/sessions/host.TrialSessions` is one): a
-    relayed frame is applied as a local run's message."""
+    """What gang shares ask of trial sessions (`sched/sessions/host.TrialSessions` is one):
+    this node's live run of a trial; a relayed frame applied as a local run's message."""
+
+    def managed_run(self, trial_id: int) -> TrialRun | None: ...
 
     def run_uid(self, run: TrialRun) -> int: ...
 
