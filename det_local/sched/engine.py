@@ -459,8 +459,8 @@ class Engine:
 
     # ================================================================== trials and experiments
     def say(self, line: str) -> None:
-        """A line on the engine's output: the terminal of an embedded run, or the daemon's
-        log (never raises)."""
+        """A line on the engine's output as it is: the terminal of an embedded run (stderr,
+        never raising), or the daemon's log."""
         self._out(line)
 
     def journal(self, line: str) -> None:
