@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# the checkout: the first folder above this file that holds det_local/ (tests/ or a folder in it)
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "det_local").is_dir())
 ENGINE = ROOT / "det_local" / "sched" / "engine.py"
 
 # the engine under the names components give it: `engine`, `EngineView._engine`, a `host`
