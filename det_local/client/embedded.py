@@ -323,10 +323,10 @@ def _command_interrupt(engine: Any, job_id: int) -> Callable[[], bool]:
         if job.state in ENDED:
             return
         if count == 1:
-            engine._out(f"det-local: stopping command {job_id} (Ctrl-C again to kill it at once)")
+            engine.say(f"det-local: stopping command {job_id} (Ctrl-C again to kill it at once)")
             engine.kill_job(job_id)
         elif job.pid is not None:
-            engine._out(f"det-local: killing command {job_id}")
+            engine.say(f"det-local: killing command {job_id}")
             executor.kill_group(job.pid)
 
     loop = asyncio.get_running_loop()

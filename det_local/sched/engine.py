@@ -7,17 +7,17 @@ sources, all on one asyncio loop, and nothing polls for work:
   `sched/intake/dispatch.py` hands each to its handler in `sched/intake/handlers.py`, which calls
   the engine;
 * the trial socket (trial reports): `sched/sessions/trialserver.py` authenticates sessions and
-  `sched/sessions/trialmessages.py` handles each message, calling the engine for what touches a
-  searcher;
+  `sched/sessions/trialmessages.py` handles each message (`sched/sessions/host.py` is the engine
+  as sessions see it), calling the engine for what touches a searcher;
 * process exits: `sched/run/supervisor.py` watches the runs it spawned through the launcher
-  (`sched/run/launcher.py`) and calls :meth:`Engine._on_job_exit` once a run is wholly gone.
+  (`sched/run/launcher.py`) and calls `sched/life/jobexit.on_job_exit` once a run is wholly gone.
 
-The engine owns the experiments (`sched/life/experiments.py`), turns searcher actions into trials
-and jobs, decides what a trial's exit means (`sched/life/outcome.py`), and starts trials when the
-queue (`sched/queue/jobqueue.py`) says so (`sched/run/trialstart.py` prepares the plan). Commands
-are
-`sched/run/commands.py`'s, checkpoint GC is `sched/life/ckpt_gc.py`'s. `docs/architecture.md` has
-the
+The engine owns the experiments (`sched/life/experiments.py`) and applies their searchers'
+actions; it is the composition root that wires the components, each given what it needs:
+submission (`sched/intake/submission.py`), trials as jobs (`sched/life/trialjobs.py`: queued,
+started when the queue (`sched/queue/jobqueue.py`) says so, preempted, terminated), what a
+trial's exit means (`sched/life/trialexit.py`), commands (`sched/run/commands.py`), checkpoint
+GC (`sched/life/ckpt_gc.py`), gang shares (`sched/gangs.py`). `docs/architecture.md` has the
 whole picture. The daemon runs an engine for good; `det-local run` with no daemon runs one in
 its own process for the life of the run (embedded mode).
 """
@@ -25,22 +25,20 @@ its own process for the life of the run (embedded mode).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from det_local.errors import DetLocalError
 from det_local.pools import is_default, load_pools
 from det_local.sched.gangs import GangShares
 from det_local.sched.intake.dispatch import apply_request
 from det_local.sched.intake.spool import Request
 from det_local.sched.intake.spoolserver import SpoolServer
-from det_local.sched.intake.submission import record_experiment
+from det_local.sched.intake.submission import submit_experiment
 from det_local.sched.life import changes as expcontrol
 from det_local.sched.life import trialexit
 from det_local.sched.life.ckpt_gc import CheckpointGC
@@ -51,28 +49,29 @@ from det_local.sched.life.experiments import (
     load_experiment,
     searcher_snapshot,
 )
+from det_local.sched.life.jobexit import on_job_exit
+from det_local.sched.life.trialjobs import TrialJobs
 from det_local.sched.queue.inventory import LocalInventory
 from det_local.sched.queue.jobqueue import JobQueue, check_priority
-from det_local.sched.queue.policy import check_request
 from det_local.sched.restart import recover
 from det_local.sched.run import cgroups
 from det_local.sched.run.commands import Commands
 from det_local.sched.run.launcher import LocalLauncher
+from det_local.sched.run.poolroutes import PoolRoutes
 from det_local.sched.run.privatestart import prepare_private
 from det_local.sched.run.runas import identity, uid_of
-from det_local.sched.run.supervisor import Exit, Supervisor
-from det_local.sched.run.trialstart import StartFailed, TrialStarter
+from det_local.sched.run.supervisor import Supervisor
+from det_local.sched.run.trialstart import TrialStarter
 from det_local.sched.sessions import netchannel, unmanaged
+from det_local.sched.sessions.host import TrialSessions
 from det_local.sched.sessions.reports import Reports
-from det_local.sched.sessions.trialmessages import handle as handle_message
-from det_local.sched.sessions.trialserver import TrialServer, send
+from det_local.sched.sessions.trialserver import TrialServer
 from det_local.sched.settings import DaemonSettings, load_settings
 from det_local.search.actions import Action, Close, Create, Shutdown, Stop, ValidateAfter
 from det_local.store.db import Store, current_user
 from det_local.store.paths import Paths
 from det_local.store.private import PrivateFiles
-from det_local.store.states import JobKind, JobState, State
-from det_local.store.tables.jobs import JobRecord
+from det_local.store.states import JobKind, State
 
 if TYPE_CHECKING:
     from det_local.config.experiment import ExperimentConfig
@@ -118,14 +117,14 @@ class Engine:
         )
         # resource pools (det_local/pools/): this machine's launcher, or a router over pools
         self.pools = load_pools(paths.settings)
-        self._pools_of: dict[int, str] = {}  # experiment id -> its pool
+        routes = PoolRoutes(self.store, self.pools)
         self.supervisor = Supervisor(
             self.pools.launcher(
-                self.launcher, self.paths, self._pool_of_job, self._pool_slots, self.note
+                self.launcher, self.paths, routes.pool_of_job, routes.pool_slots, self.note
             ),
             self.store.jobs,
             note=self.note,
-            on_exit=self._on_job_exit,
+            on_exit=partial(on_job_exit, self),
             journal=self.journal if daemon else None,
         )
         self.slots = LocalInventory(
@@ -136,12 +135,13 @@ class Engine:
         from det_local.sched.daytwo import drain
 
         drain.load(self)  # slots an admin disabled stay disabled across restarts
+        self.trial_jobs = TrialJobs(self)  # trials as jobs: queued, started, stopped
         self.queue = JobQueue(
             self.store.jobs,
             self.store.next_trial_run,
             self.slots,
             self.settings,
-            self,
+            self.trial_jobs,
             offline=offline,
             group_caps=self._group_caps,
             after_pass=self._after_pass,
@@ -155,7 +155,7 @@ class Engine:
             admin_group=self.settings.admin_group,
             note=self.note,
             schedule=self.queue.schedule,
-            slots_remedy=self._cpu_slots_remedy,
+            slots_remedy=self.cpu_slots_remedy,
         )
         self.trials = TrialStarter(
             self.store,
@@ -173,11 +173,13 @@ class Engine:
             out=self._out,
             on_done=self.check_idle,
         )
-        self.gangs = GangShares(self)  # trials across machines (federate/ places them)
         self.reports = Reports(
             self.store, note=self.note, apply=self.apply, fail=self._searcher_failed
         )
-        self.trial_server = TrialServer(self.paths.socket, self, self.note)
+        self.sessions = TrialSessions(self)  # the engine as trial sessions see it
+        # trials across machines (federate/ places them)
+        self.gangs = GangShares(self, self.trial_jobs, self.sessions)
+        self.trial_server = TrialServer(self.paths.socket, self.sessions, self.note)
         self.spool = SpoolServer(
             self.paths,
             self.store,
@@ -341,57 +343,23 @@ class Engine:
         env: dict[str, str] | None = None,
         umask: int | None = None,
     ) -> int:
-        """Validate, snapshot the context, record the experiment and start its searcher.
-
-        ``env`` is the submitter's environment: its allow-listed variables (PATH, LANG...) are
-        kept, in a private file, for the experiment's trials; the rest is dropped here.
-
-        With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
-        twice: one batch + validation + checkpoint, then a fresh process that restores that
-        checkpoint and trains one more batch."""
-        from det_local.sched.run.userfiles import check_umask, current_umask
-
-        # the submitter's umask: its trials run with it (a local run: this process's own)
-        umask = current_umask() if umask is None and uid is None else check_umask(umask)
-        if test_mode:
-            from det_local.config import make_test_config
-
-            cfg = make_test_config(cfg)
-        slots = int(cfg.resources.slots_per_trial)
-        self.pools.check_experiment(cfg, self.paths.home, uid)
-        fit = None if not is_default(cfg.resources.resource_pool) else self.gangs.fit(slots)
-        if not is_default(cfg.resources.resource_pool):
-            pass  # the pool's own scheduler has the slots (checked above)
-        elif fit is not None or cfg.resources.federate:
-            self.gangs.check_storage(cfg)
-        else:  # not a gang across machines: this one must do
-            check_request(
-                slots,
-                self.inventory.size(),
-                "resources.slots_per_trial",
-                more=self._cpu_slots_remedy(slots),
-            )
-        owner = os.getuid() if uid is None else uid
-        exp_id, searcher, config = record_experiment(
-            self.store,
-            self.paths,
-            self.private,
+        """Validate, snapshot the context, record the experiment and start its searcher
+        (`sched/intake/submission.py`); its id."""
+        return submit_experiment(
+            self,
             cfg,
             context_src,
             source,
-            user=user or self.user,
-            uid=owner,
+            test_mode=test_mode,
+            user=user,
+            uid=uid,
             env=env,
             umask=umask,
         )
-        exp = ExperimentRun(exp_id, cfg, searcher, checkpoint_dir_for(self.paths, config))
-        exp.test_mode = test_mode
-        self.add_experiment(exp, owner)
-        self.apply(exp, searcher.initial_actions())
-        self.check_idle()
-        return exp_id
 
-    def _cpu_slots_remedy(self, slots: int) -> str | None:
+    def cpu_slots_remedy(self, slots: int) -> str | None:
+        """How to get `slots` CPU slots on this machine, when it has too few (said in the
+        refusal), else None."""
         from det_local.sched.queue.hardware import cpu_slots_remedy
 
         configured = self.settings.cpu_slots is not None
@@ -466,7 +434,7 @@ class Engine:
                 exp.ops.setdefault(action.request_id, deque()).append(action.length)
                 if action.request_id in exp.waiting:  # promoted: resume from its checkpoint
                     exp.waiting.discard(action.request_id)
-                    self.enqueue_trial(exp, exp.trial_of[action.request_id])
+                    self.trial_jobs.enqueue_trial(exp, exp.trial_of[action.request_id])
             elif isinstance(action, Close):
                 exp.closed.add(action.request_id)
                 if action.request_id in exp.waiting:  # never promoted: it is done
@@ -477,7 +445,7 @@ class Engine:
                 run = self.runs.get(exp.trial_of.get(action.request_id, -1))
                 if run is not None:
                     run.stop_requested = True
-                    self.preempt(run, exp)
+                    self.trial_jobs.preempt(run, exp)
             elif isinstance(action, Shutdown):
                 exp.shutdown = action
         self.save_searcher(exp)
@@ -485,252 +453,25 @@ class Engine:
         created = [a for a in actions if isinstance(a, Create)]
         if created and exp.stopping is None:
             for action in created:
-                self.enqueue_trial(exp, exp.trial_of[action.request_id])
+                self.trial_jobs.enqueue_trial(exp, exp.trial_of[action.request_id])
             self.queue.schedule()
         self.maybe_finish(exp)
 
-    # ================================================================== trials as jobs
-    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None:
-        """Queue the trial (again) for slots; it starts when the policy says so."""
+    # ================================================================== trials and experiments
+    def say(self, line: str) -> None:
+        """A line on the engine's output as it is: the terminal of an embedded run (stderr,
+        never raising), or the daemon's log."""
+        self._out(line)
 
-        def create() -> int:
-            rec = self.store.get_experiment(exp.id)
-            override = self.store.get_experiment_priority(exp.id)
-            size = int(exp.config.resources.slots_per_trial)
-            pooled = not is_default(exp.config.resources.resource_pool)
-            fit = None if pooled else self.gangs.fit(size)
-            return self.store.jobs.create(
-                kind=JobKind.TRIAL,
-                name=f"{rec.name} (trial {trial_id})",
-                user=rec.user,
-                uid=self.user_ids.get(exp.id, uid_of(rec.user)),
-                priority=(
-                    int(exp.config.resources.effective_priority) if override is None else override
-                ),
-                # another pool's trial holds none of this machine's slots
-                slots_needed=0 if pooled else size if fit is None else fit.local,
-                experiment_id=exp.id,
-                trial_id=trial_id,
-                umask=self.store.get_experiment_umask(exp.id),
-                gang=None if fit is None else {"size": size, "per_node": fit.per_node},
-                anywhere=fit is None and not pooled and bool(exp.config.resources.federate),
-            )
-
-        self.queue.enqueue_trial(trial_id, create)
-
-    def start_trial(
-        self,
-        job: JobRecord,
-        slots: list[int],
-        run_id: int,
-        *,
-        rendezvous: Any = None,
-        ports: dict[str, int] | None = None,
-    ) -> None:
-        """The scheduler gave the trial its slots (recorded in its job): start its process
-        (a gang's share: with the gang's rendezvous and the chief's ports)."""
-        assert job.experiment_id is not None and job.trial_id is not None
-        exp = self.experiment(job.experiment_id)
-        trial_id = job.trial_id
-        # derived from the daemon's key: stored nowhere, recomputed after a restart
-        token = self.private.run_token(job.id, run_id)
-        in_use = [p for r in self.runs.values() for p in r.ports.values()]
-        try:
-            plan, run = self.trials.prepare(
-                exp, job, slots, token, run_id, in_use, rendezvous=rendezvous, ports=ports
-            )
-        except StartFailed as err:
-            self._trial_failed_to_start(exp, trial_id, str(err))
-            return
-        self.runs[trial_id] = run  # before the spawn: a fast trial may connect at once
-        run.spawned_at = time.monotonic()
-        try:
-            proc = self.supervisor.spawn(job, plan)
-        except DetLocalError as err:
-            del self.runs[trial_id]
-            self.queue.finish_trial_job(trial_id, None, str(err))
-            self._trial_failed_to_start(exp, trial_id, f"trial {trial_id}: {err}")
-            return
-        run.pid = proc.pid
-        run.warm = bool(getattr(proc, "forked", False))
-
-    def start_command(self, job: JobRecord) -> None:
-        self.commands.start(job)
-
-    def start_gang_share(self, job: JobRecord) -> None:
-        """A gang's share holds its slots (RESERVED): the placer does the rest."""
-        placer = self.gangs.placer
-        if placer is None:  # the federation stopped: the share waits for it
-            self.gangs.release(job.id, "the cluster is off")
-            self.queue.hold_back[job.id] = "waiting for the cluster (federation is off)"
-        elif job.kind == JobKind.MEMBER:
-            placer.member_started(job)
-        else:
-            placer.share_started(job)
-
-    def gang_exited(self, run: TrialRun, code: int) -> None:
-        """Every rank of a gang has stopped, on every node (the placer says so)."""
-        if self.runs.get(run.trial_id) is run:
-            self.on_trial_exit(run, code)
-        self.queue.schedule()
-
-    def relay_run(self, job_id: int) -> TrialRun | None:
-        return self.gangs.relays.get(job_id)
-
-    def preempt_trial(self, job: JobRecord) -> bool:
-        """The policy chose the trial's job as a victim: it checkpoints and requeues."""
-        if job.gang is not None and (job.state == JobState.RESERVED or job.kind == JobKind.MEMBER):
-            if self.gangs.placer is None:
-                return False
-            self.gangs.placer.yield_share(job, f"job {job.id} is preempted by more important work")
-            return job.state != JobState.RESERVED  # a released share is back in the queue at once
-        run = self.runs.get(job.trial_id or -1)
-        if run is None:
-            return False
-        run.requeue_requested = True
-        self.note(
-            f"trial {job.trial_id} (priority {job.priority}) is preempted for more important "
-            "work: it checkpoints and waits in the queue",
-            experiment_id=job.experiment_id,
-            trial_id=job.trial_id,
-        )
-        self.preempt(run, self.experiment(run.experiment_id))
-        return True
-
-    def adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun:
-        """A TrialRun for a trial process an earlier daemon started (its token is derived again
-        from the daemon's key)."""
-        assert job.trial_id is not None
-        run = TrialRun(
-            job.trial_id,
-            exp.id,
-            exp.request_of[job.trial_id],
-            job.run_id,
-            self.private.run_token(job.id, job.run_id),
-            job.id,
-            job.pid or 0,
-        )
-        if job.preempt_acked:  # preempted before the restart: its exit means "requeue me"
-            run.acked = True
-            run.requeue_requested = True
-            self.queue.preempting.add(job.id)
-        self.runs[job.trial_id] = run
-        return run
-
-    def fail_trial_start(self, experiment_id: int, trial_id: int, message: str) -> None:
-        """The trial cannot start as configured (a gang a member refused for good)."""
-        self._trial_failed_to_start(self.experiment(experiment_id), trial_id, message)
-
-    def _trial_failed_to_start(self, exp: ExperimentRun, trial_id: int, message: str) -> None:
-        self.note(message, experiment_id=exp.id, trial_id=trial_id, level="ERROR")
-        self.queue.finish_trial_job(trial_id, None, message)
-        self.store.set_trial_state(trial_id, State.ERROR, message)
-        self.apply(exp, exp.searcher.on_trial_exited_early(exp.request_of[trial_id], "ERRORED"))
-
-    # ================================================================== process exits
     def journal(self, line: str) -> None:
         """A line in the daemon's log only (job starts and ends: `sched/run/joblog.py`)."""
         self._out(f"det-local: {line}")
-
-    def _on_job_exit(self, ended: Exit) -> None:
-        """A job's run is wholly gone (the supervisor reaped it): what it means (the daemon
-        logs it), then a pass."""
-        job = self.store.jobs.peek(ended.job_id)
-        decided = self._job_exited(job, ended)
-        if self.daemon:
-            from det_local.sched.run.joblog import ended as ended_line
-
-            self.journal(ended_line(job, ended.code, self.store.jobs.peek(job.id)))
-        if decided:
-            self.queue.schedule()
-
-    def _job_exited(self, job: JobRecord, ended: Exit) -> bool:
-        """What the exit means; False while a gang's other nodes decide it."""
-        self.queue.preempting.discard(ended.job_id)
-        if ended.lost is not None and job.trial_id is not None:  # the pool lost it
-            self.gangs.peer_lost.setdefault(job.trial_id, f"its run {ended.lost}")
-        if job.kind == JobKind.MEMBER:
-            self.gangs.member_job_exited(job, ended.code)
-        elif job.kind == JobKind.TRIAL:
-            run = self.runs.get(job.trial_id or -1)
-            placer = self.gangs.placer
-            if (
-                run is not None
-                and job.gang is not None
-                and placer is not None
-                and placer.owner_exited(run, ended.code)
-            ):
-                return False  # decided once the other nodes' ranks have stopped too
-            if (
-                run is not None
-                and job.gang is not None
-                and (placer is None or job.id in self.gangs.adopted)
-            ):  # its ranks on other machines were out of reach: a machine lost, not a failure
-                self.gangs.peer_lost.setdefault(
-                    run.trial_id, "the cluster was off while its ranks ran on other machines"
-                )
-            if run is not None:
-                self.on_trial_exit(run, ended.code)
-        else:
-            self.commands.on_exit(job, ended.code, ended.problem)
-        return True
-
-    def _pool_of_job(self, job: JobRecord) -> str:
-        """The resource pool of a job's experiment (the pool router asks)."""
-        exp_id = job.experiment_id
-        if exp_id is None:  # a command: `cmd run --pool`
-            row = self.store.job_pools.get(job.id)
-            return "" if row is None else row[0]
-        if exp_id not in self._pools_of:
-            config = self.store.get_experiment(exp_id).config
-            self._pools_of[exp_id] = self.pools.pool_of_config(config)
-        return self._pools_of[exp_id]
-
-    def _pool_slots(self, job: JobRecord) -> int | None:
-        """The slots a command asked of its pool (None: a trial's come from its config)."""
-        row = self.store.job_pools.get(job.id) if job.experiment_id is None else None
-        return None if row is None else row[1]
-
-    def run_ending(self, run: TrialRun) -> None:
-        """The run's pool ends it soon (a Slurm time limit): it checkpoints, and is queued
-        again to continue (not a failure)."""
-        if self.runs.get(run.trial_id) is not run or run.preempt_sent:
-            return
-        run.requeue_requested = True
-        self.note(
-            f"trial {run.trial_id}: its job reaches its time limit soon; it checkpoints and "
-            "continues in a new job",
-            experiment_id=run.experiment_id,
-            trial_id=run.trial_id,
-        )
-        self.preempt(run, self.experiment(run.experiment_id))
 
     def on_trial_exit(self, run: TrialRun, code: int) -> None:
         trialexit.trial_exited(self, run, code)
 
     def maybe_finish(self, exp: ExperimentRun) -> None:
         trialexit.finish_if_done(self, exp)
-
-    def preempt(self, run: TrialRun, exp: ExperimentRun) -> None:
-        if run.preempt_sent:
-            return
-        run.preempt_sent = True
-        for w in run.writers:
-            send(w, {"t": "preempt"})
-        if self.gangs.placer is not None:
-            self.gangs.placer.down(run, {"t": "preempt"})
-        configured = exp.config.preemption_timeout
-        timeout = self.settings.preemption_timeout if configured is None else float(configured)
-        assert self.loop is not None
-        run.timers.append(self.loop.call_later(timeout, self.terminate, run))
-
-    def terminate(self, run: TrialRun) -> None:
-        """SIGTERM the group, then SIGKILL after a grace period."""
-        if run.trial_id not in self.runs:
-            return
-        self.supervisor.terminate(run.job_id, run.pid)
-        if self.gangs.placer is not None:
-            self.gangs.placer.stop(run)
 
     def pause(self, experiment_id: int) -> str:
         return expcontrol.pause(self, experiment_id)
@@ -807,61 +548,6 @@ class Engine:
 
     def start_unmanaged(self, payload: dict[str, Any], *, user: str, uid: int) -> dict[str, Any]:
         return unmanaged.start(self, payload, user=user, uid=uid)
-
-    # ================================================================== trial sessions
-    def managed_run(self, trial_id: int) -> TrialRun | None:
-        return self.runs.get(trial_id)
-
-    def is_live(self, run: TrialRun) -> bool:
-        return (
-            self.runs.get(run.trial_id) is run
-            or self.unmanaged.get(run.trial_id) is run
-            or self.gangs.relays.get(run.job_id) is run
-        )
-
-    def run_uid(self, run: TrialRun) -> int:
-        """The uid a run's processes have: its job's user under a root daemon, else ours."""
-        if os.geteuid() != 0:
-            return os.geteuid()
-        if self.unmanaged.get(run.trial_id) is run:  # a core_v2 process: no job
-            return int(self.user_ids[run.experiment_id])
-        return int(self.store.jobs.peek(run.job_id).uid)
-
-    def unmanaged_hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> TrialRun | None:
-        return unmanaged.hello(self, msg, writer)
-
-    def session_opened(self, run: TrialRun) -> dict[str, Any] | None:
-        """A run said hello: the first time, how long it took to start, recorded and told to
-        the trial (which says it in its log); None after that."""
-        if run.greeted or run.spawned_at is None:
-            return None
-        run.greeted = True
-        seconds = time.monotonic() - run.spawned_at
-        self.store.add_trial_start(run.experiment_id, run.trial_id, run.run_id, run.warm, seconds)
-        return {"warm": run.warm, "seconds": round(seconds, 4)}
-
-    def session_closed(self, run: TrialRun) -> None:
-        if run.trial_id in self.unmanaged:
-            unmanaged.disconnected(self, run)
-
-    def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any:
-        if run.request_id == "relay":  # a rank of another machine's trial: its owner applies it
-            placer = self.gangs.placer
-            if placer is None:
-                raise DetLocalError(
-                    "this machine's cluster link is off; the trial's owner is unreachable"
-                )
-            return placer.relay(run, msg)
-        return handle_message(self, run, msg, uid)
-
-    def experiment_of(self, run: TrialRun) -> ExperimentRun:
-        return self.experiments[run.experiment_id]
-
-    def end_unmanaged(self, run: TrialRun, msg: dict[str, Any]) -> bool:
-        if self.unmanaged.get(run.trial_id) is not run:
-            return False
-        unmanaged.on_end(self, run, msg)
-        return True
 
 
 def _print_err(line: str) -> None:

@@ -339,7 +339,7 @@ class EngineView:
         return self._engine.runs.get(trial_id)
 
     def gang_exited(self, run: TrialRun, code: int) -> None:
-        self._engine.gang_exited(run, code)
+        self._engine.trial_jobs.gang_exited(run, code)
 
     def gang_failed(self, job_id: int, why: str) -> None:
         """The gang can never be placed as configured (a member refused for good)."""
@@ -348,13 +348,15 @@ class EngineView:
         if job.state == JobState.RESERVED:
             engine.store.jobs.requeue(job_id)
         assert job.experiment_id is not None and job.trial_id is not None
-        engine.fail_trial_start(job.experiment_id, job.trial_id, f"trial {job.trial_id}: {why}")
+        engine.trial_jobs.fail_trial_start(
+            job.experiment_id, job.trial_id, f"trial {job.trial_id}: {why}"
+        )
         engine.queue.schedule()
 
     def preempt_gang(self, job_id: int, why: str) -> None:
         engine = self._engine
         job = engine.store.jobs.peek(job_id)
-        if job.state == JobState.SCHEDULED and engine.preempt_trial(job):
+        if job.state == JobState.SCHEDULED and engine.trial_jobs.preempt_trial(job):
             engine.queue.preempting.add(job_id)
 
     def append_trial_log(self, experiment_id: int, trial_id: int, data: bytes) -> None:

@@ -31,6 +31,8 @@ from det_local.sched.gangseam import (
     REATTACH_S,
     GangFit,
     GangHost,
+    GangSessions,
+    GangTrials,
     Placer,
     gang_key,
 )
@@ -50,8 +52,10 @@ UNCLAIMED_S = REATTACH_S + 5.0
 class GangShares:
     """The engine's operations on gang shares (owner and member sides)."""
 
-    def __init__(self, engine: GangHost) -> None:
+    def __init__(self, engine: GangHost, trials: GangTrials, sessions: GangSessions) -> None:
         self.engine = engine
+        self.trials = trials  # what a share does to its trial's job
+        self.sessions = sessions  # relayed frames applied as a local run's
         self.placer: Placer | None = None
         self.relays: dict[int, TrialRun] = {}  # member job id -> its ranks' relay run
         self.stopping: dict[int, str] = {}  # member job id -> why its ranks are being stopped
@@ -177,19 +181,19 @@ class GangShares:
         if job.slots_needed == 0:  # this node runs no ranks: its job only coordinates
             self._coordinate(job)
             return
-        engine.start_trial(job, job.slots, job.run_id, rendezvous=rendezvous, ports=ports)
+        self.trials.start_trial(job, job.slots, job.run_id, rendezvous=rendezvous, ports=ports)
 
     def _coordinate(self, job: JobRecord) -> None:
         """The trial's run on an owner that runs none of its ranks: no process (pid 0: never
         signalled), but the run record every relayed frame is applied to; the placer ends it
-        (`Engine.gang_exited`) once the members' ranks have exited."""
+        (`TrialJobs.gang_exited`) once the members' ranks have exited."""
         engine = self.engine
         assert job.trial_id is not None and job.experiment_id is not None
         exp = engine.experiment(job.experiment_id)
         if engine.store.get_trial(job.trial_id).state == State.PAUSED:
             engine.store.set_trial_state(job.trial_id, State.ACTIVE)
         os.close(self.open_trial_log(exp.id, job.trial_id))  # `trial logs` follows it from now
-        engine.adopt_trial(exp, job)  # a run record as a restart makes (job.pid None: pid 0)
+        self.trials.adopt_trial(exp, job)  # a run record as a restart makes (job.pid None: pid 0)
 
     def release(self, job_id: int, why: str) -> None:
         """A reserved share goes back to the queue, in its place (wounded, lease over)."""
@@ -203,7 +207,7 @@ class GangShares:
     def end_owner_run(self, trial_id: int, run_id: int, why: str, *, lost: bool) -> None:
         """Stop this node's ranks of the gang (a member failed or a machine was lost)."""
         engine = self.engine
-        run = engine.runs.get(trial_id)
+        run = self.sessions.managed_run(trial_id)
         if run is None or run.run_id != run_id:
             return
         if lost:
@@ -229,7 +233,7 @@ class GangShares:
         from det_local.sched.run import userfiles
         from det_local.sched.run.runas import identity as identity_of
 
-        owner = userfiles.owner_for(identity_of(uid), umask, self.engine.settings.admin_group)
+        owner = userfiles.owner_for(identity_of(uid), umask, self.engine.commands.admin_group)
         if own_dir and owner is not None:
             userfiles.make_dir(path.parent, owner)
         else:
@@ -286,11 +290,10 @@ class GangShares:
 
     def apply_relayed(self, trial_id: int, run_id: int, frame: dict[str, Any]) -> Any:
         """A frame of one of the trial's ranks on another node, applied as a local one."""
-        engine = self.engine
-        run = engine.runs.get(trial_id)
+        run = self.sessions.managed_run(trial_id)
         if run is None or run.run_id != run_id:
             raise DetLocalError(f"run {run_id} of trial {trial_id} is not running here")
-        return engine.handle(run, frame, engine.run_uid(run))
+        return self.sessions.handle(run, frame, self.sessions.run_uid(run))
 
     # ------------------------------------------------------------------ member side
     def enqueue_member(
@@ -375,7 +378,7 @@ class GangShares:
         from det_local.sched.run.runas import identity as identity_of
 
         identity = identity_of(job.uid)
-        owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
+        owner = userfiles.owner_for(identity, job.umask, engine.commands.admin_group)
         storage = checkpoint_dir_for(engine.paths, config)
 
         trial = trialstart.TrialIds(int(spec["trial_id"]), int(spec["seed"]), spec["hparams"])
@@ -439,7 +442,7 @@ class GangShares:
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
         identity = identity_of(job.uid)
-        owner = userfiles.owner_for(identity, job.umask, engine.settings.admin_group)
+        owner = userfiles.owner_for(identity, job.umask, engine.commands.admin_group)
         run_dir = engine.paths.home / "fed" / "runs" / str(job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         env = base_env(None, job.uid)
@@ -527,14 +530,14 @@ class GangShares:
         elif job.kind == JobKind.COMMAND:
             self.remote_command_ended(job_id, 1, "another machine", why)
         else:
-            run = engine.runs.get(job.trial_id or -1)
+            run = self.sessions.managed_run(job.trial_id or -1)
             if run is None:
                 return
             self.peer_lost[run.trial_id] = why
             if run.pid:
-                engine.terminate(run)
+                self.trials.terminate(run)
             else:
-                engine.gang_exited(run, 1)
+                self.trials.gang_exited(run, 1)
 
     def member_log(self, job_id: int) -> Path:
         return self.engine.paths.home / "fed" / "runs" / str(job_id) / "trial.log"

@@ -1,7 +1,9 @@
 """The seam of a trial across machines: what the engine's half (`sched/gangs.py`) and the
 cluster's half (`federate/gangs.py`) share. `Placer` is what the engine asks of the cluster;
-`GangHost` is what gang shares use of the engine; `GangFit` is a placement; the keys name a
-gang, a run and a share in both halves; `REATTACH_S` is the restart window both keep."""
+`GangHost` is what gang shares use of the engine, `GangTrials` of trials as jobs
+(`sched/life/trialjobs.py`), `GangSessions` of trial sessions (`sched/sessions/host.py`);
+`GangFit` is a placement; the keys name a gang, a run and a share in both halves; `REATTACH_S`
+is the restart window both keep."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ if TYPE_CHECKING:
     from det_local.sched.queue.jobqueue import JobQueue
     from det_local.sched.run.commands import Commands
     from det_local.sched.run.supervisor import Supervisor
-    from det_local.sched.settings import DaemonSettings
     from det_local.store.db import Store
     from det_local.store.paths import Paths
     from det_local.store.private import PrivateFiles
@@ -59,7 +60,7 @@ class Placer(Protocol):
         owner preempt the whole gang by checkpoint (running)."""
 
     def owner_exited(self, run: TrialRun, code: int) -> bool:
-        """The owner's ranks exited; True: the placer calls `Engine.gang_exited` once every
+        """The owner's ranks exited; True: the placer calls `EngineView.gang_exited` once every
         member's ranks have stopped too."""
 
     def member_exited(self, job: JobRecord, code: int | None) -> None:
@@ -82,8 +83,10 @@ class Placer(Protocol):
 
 
 class GangHost(Protocol):
-    """What gang shares use of the engine (`sched/engine.py` is one): its state and the few
-    operations a share's life needs. Narrow on purpose, like every other component's host."""
+    """What gang shares use of the engine (`sched/engine.py` is one): its components and its
+    experiments. Narrow on purpose, like every other component's host; what a share
+    does to a trial goes through `GangTrials`, what it does to a session through
+    `GangSessions`."""
 
     store: Store
     queue: JobQueue
@@ -91,9 +94,7 @@ class GangHost(Protocol):
     inventory: Inventory
     supervisor: Supervisor
     commands: Commands
-    settings: DaemonSettings
     private: PrivateFiles
-    runs: dict[int, TrialRun]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -112,7 +113,9 @@ class GangHost(Protocol):
 
     def owner_uid(self, experiment_id: int) -> int | None: ...
 
-    def run_uid(self, run: TrialRun) -> int: ...
+
+class GangTrials(Protocol):
+    """What gang shares do to a trial's job (`sched/life/trialjobs.TrialJobs` is one)."""
 
     def start_trial(
         self,
@@ -129,6 +132,15 @@ class GangHost(Protocol):
     def gang_exited(self, run: TrialRun, code: int) -> None: ...
 
     def terminate(self, run: TrialRun) -> None: ...
+
+
+class GangSessions(Protocol):
+    """What gang shares ask of trial sessions (`sched/sessions/host.TrialSessions` is one):
+    this node's live run of a trial; a relayed frame applied as a local run's message."""
+
+    def managed_run(self, trial_id: int) -> TrialRun | None: ...
+
+    def run_uid(self, run: TrialRun) -> int: ...
 
     def handle(self, run: TrialRun, msg: dict[str, Any], uid: int) -> Any: ...
 

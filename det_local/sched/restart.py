@@ -26,6 +26,7 @@ from typing import Protocol
 
 from det_local.sched.gangs import GangShares
 from det_local.sched.life.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.life.trialjobs import TrialJobs
 from det_local.sched.run.commands import Commands
 from det_local.sched.run.launcher import Lost
 from det_local.sched.run.supervisor import Supervisor
@@ -42,18 +43,11 @@ class Restarting(unmanaged.UnmanagedHost, Protocol):
     supervisor: Supervisor
     commands: Commands
     gangs: GangShares
-
-    def adopt_trial(self, exp: ExperimentRun, job: JobRecord) -> TrialRun: ...
+    trial_jobs: TrialJobs  # adopting, requeueing, preempting, terminating trials
 
     def on_trial_exit(self, run: TrialRun, code: int) -> None: ...
 
     def maybe_finish(self, exp: ExperimentRun) -> None: ...
-
-    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
-
-    def preempt(self, run: TrialRun, exp: ExperimentRun) -> None: ...
-
-    def terminate(self, run: TrialRun) -> None: ...
 
 
 def recover(engine: Restarting) -> None:
@@ -111,7 +105,7 @@ def recover(engine: Restarting) -> None:
             continue  # its process (not ours) lost the engine: nothing to start
         for t in store.list_trials(exp.id):  # a crash between a trial and its job
             if t.state == State.ACTIVE and store.jobs.for_trial(t.id) is None:
-                engine.enqueue_trial(exp, t.id)
+                engine.trial_jobs.enqueue_trial(exp, t.id)
 
 
 def _adopted(engine: Restarting, job: JobRecord) -> None:
@@ -120,7 +114,7 @@ def _adopted(engine: Restarting, job: JobRecord) -> None:
         return
     if job.kind == JobKind.TRIAL:
         assert job.experiment_id is not None and job.trial_id is not None
-        engine.adopt_trial(engine.experiment(job.experiment_id), job)
+        engine.trial_jobs.adopt_trial(engine.experiment(job.experiment_id), job)
         if job.gang is not None:  # its ranks run on other nodes too
             engine.gangs.adopt_owner(job)
     engine.note(f"adopted {job.kind.lower()} job {job.id} (pid {job.pid}) still running")
@@ -130,9 +124,9 @@ def _adopted(engine: Restarting, job: JobRecord) -> None:
         if run is not None and exp.stopping in (Stopping.PAUSE, Stopping.KILL):
             if exp.stopping == Stopping.KILL:
                 run.kill_requested = True
-                engine.terminate(run)
+                engine.trial_jobs.terminate(run)
             else:
-                engine.preempt(run, exp)
+                engine.trial_jobs.preempt(run, exp)
 
 
 def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
@@ -164,7 +158,7 @@ def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
             level="WARNING",
         )
         return
-    run = engine.adopt_trial(exp, job)
+    run = engine.trial_jobs.adopt_trial(exp, job)
     if job.gang is not None:  # its ranks ran across machines while this daemon was down
         engine.gangs.peer_lost.setdefault(
             run.trial_id, "its daemon was down while its ranks ran on other machines"

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from det_local.errors import ConfigError, StateError
 from det_local.sched.life.ckpt_gc import CheckpointGC
 from det_local.sched.life.experiments import ExperimentRun, checkpoint_dir_for
+from det_local.sched.life.trialjobs import TrialJobs
 from det_local.search.actions import Action, Create
 from det_local.store import continuation
 from det_local.store.db import Store
@@ -29,10 +30,9 @@ class Continuing(Protocol):
     paths: Paths
     experiments: dict[int, ExperimentRun]
     gc: CheckpointGC
+    trial_jobs: TrialJobs
 
     def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
-
-    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
 
     def save_searcher(self, exp: ExperimentRun) -> None: ...
 
@@ -103,7 +103,7 @@ def continue_experiment(engine: Continuing, experiment_id: int, overrides: Any) 
             rest.append(action)
     engine.apply(exp, rest)
     engine.save_searcher(exp)
-    engine.enqueue_trial(exp, trial.id)
+    engine.trial_jobs.enqueue_trial(exp, trial.id)
     engine.check_idle()
     at = f" from checkpoint {trial.latest_checkpoint}" if trial.latest_checkpoint else ""
     return (

@@ -1,8 +1,9 @@
-"""Recording a submitted experiment: its checks, its context snapshot (taken with the
-submitter's rights), its warm start, its record and its private environment.
+"""Submitting an experiment: its checks, its context snapshot (taken with the submitter's
+rights), its warm start, its record and its private environment, then its searcher started.
 
-:func:`record_experiment` does everything a submission commits; the engine then starts its
-searcher (`Engine.submit`).
+:func:`submit_experiment` is `Engine.submit`: the checks that need the engine (its pools, its
+slots, a gang's storage), then :func:`record_experiment` (everything a submission commits),
+then the experiment handed to the engine and its searcher's first actions applied.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from det_local.errors import ContextError, DetLocalError
+from det_local.pools import is_default
+from det_local.sched.life.experiments import ExperimentRun, checkpoint_dir_for
+from det_local.sched.queue.policy import check_request
 from det_local.sched.run import executor
 from det_local.sched.run.launchplan import allowed_submitter_vars, check_entrypoint, entrypoint_argv
 from det_local.sched.run.runas import identity as identity_of
@@ -26,6 +30,94 @@ from det_local.store.records import CHECKPOINT_DELETED
 
 if TYPE_CHECKING:
     from det_local.config.experiment import ExperimentConfig
+    from det_local.pools import Pools
+    from det_local.sched.gangs import GangShares
+    from det_local.sched.queue.hardware import Inventory
+    from det_local.search.actions import Action
+
+
+class Submitting(Protocol):
+    """What a submission needs of the engine."""
+
+    store: Store
+    paths: Paths
+    private: PrivateFiles
+    pools: Pools
+    gangs: GangShares
+    inventory: Inventory
+    user: str  # the engine's user: a local run's submitter
+
+    def cpu_slots_remedy(self, slots: int) -> str | None: ...
+
+    def add_experiment(self, exp: ExperimentRun, uid: int) -> None: ...
+
+    def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
+
+    def check_idle(self) -> None: ...
+
+
+def submit_experiment(
+    host: Submitting,
+    cfg: ExperimentConfig,
+    context_src: Path,
+    source: str,
+    *,
+    test_mode: bool = False,
+    user: str | None = None,
+    uid: int | None = None,
+    env: dict[str, str] | None = None,
+    umask: int | None = None,
+) -> int:
+    """Validate, snapshot the context, record the experiment and start its searcher.
+
+    ``env`` is the submitter's environment: its allow-listed variables (PATH, LANG...) are
+    kept, in a private file, for the experiment's trials; the rest is dropped here.
+
+    With test_mode the config is rewritten as Determined's `--test` does, and the trial runs
+    twice: one batch + validation + checkpoint, then a fresh process that restores that
+    checkpoint and trains one more batch."""
+    from det_local.sched.run.userfiles import check_umask, current_umask
+
+    # the submitter's umask: its trials run with it (a local run: this process's own)
+    umask = current_umask() if umask is None and uid is None else check_umask(umask)
+    if test_mode:
+        from det_local.config import make_test_config
+
+        cfg = make_test_config(cfg)
+    slots = int(cfg.resources.slots_per_trial)
+    host.pools.check_experiment(cfg, host.paths.home, uid)
+    pooled = not is_default(cfg.resources.resource_pool)
+    fit = None if pooled else host.gangs.fit(slots)
+    if pooled:
+        pass  # the pool's own scheduler has the slots (checked above)
+    elif fit is not None or cfg.resources.federate:
+        host.gangs.check_storage(cfg)
+    else:  # not a gang across machines: this one must do
+        check_request(
+            slots,
+            host.inventory.size(),
+            "resources.slots_per_trial",
+            more=host.cpu_slots_remedy(slots),
+        )
+    owner = os.getuid() if uid is None else uid
+    exp_id, searcher, config = record_experiment(
+        host.store,
+        host.paths,
+        host.private,
+        cfg,
+        context_src,
+        source,
+        user=user or host.user,
+        uid=owner,
+        env=env,
+        umask=umask,
+    )
+    exp = ExperimentRun(exp_id, cfg, searcher, checkpoint_dir_for(host.paths, config))
+    exp.test_mode = test_mode
+    host.add_experiment(exp, owner)
+    host.apply(exp, searcher.initial_actions())
+    host.check_idle()
+    return exp_id
 
 
 def record_experiment(

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from det_local.errors import NotFoundError, StateError
 from det_local.sched.life.experiments import ExperimentRun, TrialRun, set_stopping
+from det_local.sched.life.trialjobs import TrialJobs
 from det_local.sched.queue.jobqueue import JobQueue
 from det_local.sched.sessions import unmanaged
 from det_local.store.states import State, Stopping
@@ -18,12 +19,7 @@ class ChangesHost(unmanaged.UnmanagedHost, Protocol):
 
     queue: JobQueue
     runs: dict[int, TrialRun]
-
-    def preempt(self, run: TrialRun, exp: ExperimentRun) -> None: ...
-
-    def terminate(self, run: TrialRun) -> None: ...
-
-    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
+    trial_jobs: TrialJobs  # preempting, terminating, requeueing trials
 
     def maybe_finish(self, exp: ExperimentRun) -> None: ...
 
@@ -51,7 +47,7 @@ def pause(engine: ChangesHost, experiment_id: int) -> str:
     if runs:
         set_stopping(exp, Stopping.PAUSE)
         for r in runs:
-            engine.preempt(r, exp)
+            engine.trial_jobs.preempt(r, exp)
     engine.note(
         f"experiment {experiment_id} pausing: trials checkpoint and stop"
         if runs
@@ -78,7 +74,7 @@ def activate(engine: ChangesHost, experiment_id: int) -> str:
         engine.store.set_experiment_state(experiment_id, State.ACTIVE)
     for t in engine.store.list_trials(experiment_id):
         if t.state in (State.PAUSED, State.ACTIVE) and t.id not in engine.runs:
-            engine.enqueue_trial(exp, t.id)
+            engine.trial_jobs.enqueue_trial(exp, t.id)
     engine.queue.schedule()
     engine.maybe_finish(exp)
     engine.check_idle()
@@ -100,7 +96,7 @@ def kill(engine: ChangesHost, experiment_id: int) -> str:
         engine.store.set_experiment_state(experiment_id, State.STOPPING_CANCELED)
     for r in runs:
         r.kill_requested = True
-        engine.terminate(r)
+        engine.trial_jobs.terminate(r)
     engine.maybe_finish(exp)
     engine.check_idle()
     return f"experiment {experiment_id} killed"
@@ -131,5 +127,5 @@ def searcher_failed(engine: ChangesHost, exp: ExperimentRun, trial_id: int, why:
         if t.id not in engine.runs:
             engine.queue.dequeue_trial(t.id, "experiment failed")
     for r in [r for r in engine.runs.values() if r.experiment_id == exp.id]:
-        engine.preempt(r, exp)
+        engine.trial_jobs.preempt(r, exp)
     engine.maybe_finish(exp)

@@ -18,6 +18,7 @@ from det_local.sched.gangs import GangShares
 from det_local.sched.life.ckpt_gc import CheckpointGC
 from det_local.sched.life.experiments import ExperimentRun, Notes, TrialRun, set_stopping
 from det_local.sched.life.outcome import ExitFacts, Outcome, decide, describe_exit
+from det_local.sched.life.trialjobs import TrialJobs
 from det_local.sched.queue.jobqueue import JobQueue
 from det_local.search.actions import Action
 from det_local.store.db import Store
@@ -37,10 +38,9 @@ class TrialExitHost(Notes, Protocol):
     experiments: dict[int, ExperimentRun]
     runs: dict[int, TrialRun]
     gangs: GangShares
+    trial_jobs: TrialJobs  # a trial queued again
 
     def apply(self, exp: ExperimentRun, actions: list[Action]) -> None: ...
-
-    def enqueue_trial(self, exp: ExperimentRun, trial_id: int) -> None: ...
 
     def save_searcher(self, exp: ExperimentRun) -> None: ...
 
@@ -120,7 +120,7 @@ def trial_exited(engine: TrialExitHost, run: TrialRun, code: int) -> None:
             trial_id=tid,
         )
     elif outcome == Outcome.REQUEUE:
-        engine.enqueue_trial(exp, tid)
+        engine.trial_jobs.enqueue_trial(exp, tid)
     elif outcome == Outcome.CANCELED:
         engine.store.set_trial_state(tid, State.CANCELED)
         engine.apply(exp, exp.searcher.on_trial_exited_early(rid, "USER_CANCELED"))
@@ -133,7 +133,7 @@ def trial_exited(engine: TrialExitHost, run: TrialRun, code: int) -> None:
             trial_id=tid,
             level="WARNING",
         )
-        engine.enqueue_trial(exp, tid)
+        engine.trial_jobs.enqueue_trial(exp, tid)
     else:
         msg = (
             f"trial {tid} {describe_exit(code)}"
@@ -160,7 +160,7 @@ def _wait_for_promotion(engine: TrialExitHost, exp: ExperimentRun, run: TrialRun
     if not exp.searcher.pauses_trials or rid in exp.closed:
         return False
     if exp.ops.get(rid):  # promoted while it was exiting
-        engine.enqueue_trial(exp, run.trial_id)
+        engine.trial_jobs.enqueue_trial(exp, run.trial_id)
         return True
     exp.waiting.add(rid)
     engine.save_searcher(exp)
@@ -180,7 +180,7 @@ def _test_mode_restore(engine: TrialExitHost, exp: ExperimentRun, run: TrialRun)
         return False
     exp.ops.setdefault(run.request_id, deque()).append(ckpt.steps_completed + 1)
     engine.save_searcher(exp)
-    engine.enqueue_trial(exp, run.trial_id)
+    engine.trial_jobs.enqueue_trial(exp, run.trial_id)
     return True
 
 

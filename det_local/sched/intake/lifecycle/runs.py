@@ -37,8 +37,6 @@ class RunsHost(trialexit.TrialExitHost, Protocol):
     runs: dict[int, TrialRun]
     experiments: dict[int, ExperimentRun]
 
-    def terminate(self, run: TrialRun) -> None: ...
-
     def experiment(self, experiment_id: int) -> ExperimentRun: ...
 
     loop: asyncio.AbstractEventLoop | None
@@ -109,7 +107,7 @@ def trial_kill(c: Controls, req: Request) -> str:
     engine.note(f"trial {trial_id} killed by {req.user}", experiment_id=exp.id, trial_id=trial_id)
     if run is not None:  # its exit is CANCELED (trialexit): the searcher hears it then
         run.kill_requested = True
-        engine.terminate(run)
+        engine.trial_jobs.terminate(run)
         return f"trial {trial_id} killed"
     engine.queue.dequeue_trial(trial_id, "trial killed", cancel=True)
     c.store.set_trial_state(trial_id, State.CANCELED, f"killed by {req.user}")
