@@ -1,0 +1,189 @@
+"""Multi-rank trials of a Slurm pool whose compute node is not the daemon's host (issue 29):
+every rank reports over the pool's TCP channel with its own rank's handshake; TensorBoard files
+a staged run writes come back to the run's own info directory. slurmd runs in a mount namespace
+that hides every test's directory (tests/slurmkit.py ``hide``), as in tests/test_slurm_remote.py,
+whose recording proxy shows what crosses the wire."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import slurmkit
+from conftest import Env, wait_for
+from test_slurm_remote import Proxy, config, daemon_log, shared, start
+
+from det_local.store.states import State
+from det_local.wire import rpc
+
+pytestmark = pytest.mark.slow
+__all__ = ["shared"]  # the fixture, used by name
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
+    hidden = tmp_path_factory.getbasetemp()
+    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(hidden,))
+
+
+def hellos(proxy: Proxy) -> list[dict[str, Any]]:
+    """The first frame of each connection through the proxy: the trial's channel hello (plain
+    msgpack: ids, nonce and MAC; never the token)."""
+    found = []
+    for buf in list(proxy.sent):
+        data = bytes(buf)
+        if len(data) < rpc.HEADER.size:
+            continue
+        (size,) = rpc.HEADER.unpack(data[: rpc.HEADER.size])
+        if len(data) < rpc.HEADER.size + size:
+            continue
+        found.append(dict(msgpack.unpackb(data[rpc.HEADER.size : rpc.HEADER.size + size])))
+    return found
+
+
+TWO_RANKS = """
+import json, os, sys, torch, torch.distributed as dist, determined as det
+from determined import core
+dist.init_process_group("gloo")
+dctx = core.DistributedContext.from_torch_distributed()
+with core.init(distributed=dctx) as c:
+    t = torch.tensor([float(dctx.rank + 1)])
+    dist.all_reduce(t)
+    print(f"RANKLINE {dctx.rank} of {dctx.size} sum {t.item():g} "
+          f"via {os.environ['DET_LOCAL_SOCKET']} hidden {os.path.exists(sys.argv[1])}",
+          flush=True)
+    with c.checkpoint.store_path({"steps_completed": 1}, shard=True) as (path, _):
+        (path / f"w{dctx.rank}").write_text(str(dctx.rank))
+    if dctx.rank == 0:
+        c.train.report_training_metrics(steps_completed=1, metrics={"loss": 0.5, "sum": t.item()})
+        c.train.report_validation_metrics(steps_completed=1, metrics={"loss": 0.25})
+    c.preempt.should_preempt()  # every rank: the chief asks the daemon, the worker the chief
+dist.destroy_process_group()
+"""
+
+RANKS = {"resources": {"resource_pool": "hpc", "slots_per_trial": 2}}
+
+
+def test_two_ranks_report_over_tcp_each_with_its_own_handshake(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    proxy = start(dl, slurm, shared, slots_per_node=2)
+    cfg = {
+        **config(shared),
+        **RANKS,
+        "entrypoint": f"python3 -m determined.launch.torch_distributed python3 train.py {dl.home}",
+    }
+    cfg_path, ctx = dl.context(TWO_RANKS, cfg)
+    assert dl.det("run", "--detach", cfg_path, ctx).rc == 0
+    wait_for(
+        lambda: dl.experiment(1).state in (State.COMPLETED, State.ERROR),
+        timeout=180,
+        what=f"completion\n{slurm.logs()}\n{daemon_log(dl)}",
+    )
+    log = dl.det("trial", "logs", "1").out
+    assert dl.experiment(1).state == State.COMPLETED, log
+    url = f"tcp://127.0.0.1:{proxy.port}"
+    for rank in (0, 1):  # both ranks' lines, each with its prefix; neither sees the state dir
+        assert f"[rank={rank}] RANKLINE {rank} of 2 sum 3 via {url} hidden False" in log, log
+    ranks_only = dl.det("trial", "logs", "1", "--rank", "1").out
+    assert "RANKLINE 1 of 2" in ranks_only and "RANKLINE 0 of 2" not in ranks_only
+    assert [m.metrics for m in dl.metrics(1, "training")] == [{"loss": 0.5, "sum": 3.0}]
+    assert [m.metrics for m in dl.metrics(1, "validation")] == [{"loss": 0.25}]
+    (ckpt,) = dl.checkpoints(1)
+    files = sorted(p.name for p in (shared / "ckpts" / ckpt.uuid).iterdir())
+    assert "w0" in files and "w1" in files
+    # every rank opened its own session over TCP, each its own handshake (ids and MAC)
+    seen = hellos(proxy)
+    trial = [h for h in seen if h.get("t") == "hello" and h.get("trial_id") == 1]
+    assert sorted(h["rank"] for h in trial) == [0, 1], seen
+    assert len({bytes(h["mac"]) for h in trial}) == 2 and len({bytes(h["nc"]) for h in trial}) == 2
+    assert all("token" not in h for h in seen)
+    (job,) = dl.jobs()
+    assert job.state == "DONE" and job.exit_code == 0
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    proxy.close()
+
+
+TB_WRITER = """
+import hashlib, json, os, sys, time, determined as det
+from pathlib import Path
+from det_local.store.tfevents import EventFileWriter
+go = Path(sys.argv[1])
+with det.core.init() as core:
+    tb = Path(core.train.get_tensorboard_path())
+    w = EventFileWriter(tb)
+    w.add_scalar("Determined/loss", 1.0, 1, time.time())
+    w._file.flush()
+    core.train.report_training_metrics(steps_completed=1, metrics={"loss": 1.0})
+    deadline = time.monotonic() + 120
+    while not go.exists() and time.monotonic() < deadline:  # the test sees the first copy
+        time.sleep(0.05)
+    w.add_scalar("Determined/loss", 0.5, 2, time.time())  # the same file grows
+    w.close()
+    (tb / "sub").mkdir()
+    (tb / "sub" / "trace.bin").write_bytes(os.urandom(9 * 1024 * 1024))  # over one pass
+    (tb / "passwd").symlink_to("/etc/passwd")  # links, FIFOs: not copied, never followed
+    (tb / "sub" / "up").symlink_to(tb.parent.parent)
+    os.mkfifo(tb / "fifo")
+    core.train.report_training_metrics(steps_completed=2, metrics={"loss": 0.5})
+    sums = {str(p.relative_to(tb)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(tb.rglob("*")) if p.is_file() and not p.is_symlink()}
+    print("TB " + json.dumps({"dir": str(tb), "sums": sums}), flush=True)
+"""
+
+
+def _sums(directory: Path) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def test_a_staged_runs_tensorboard_files_come_back(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    from det_local.client.tbexport import has_event_files, trial_logdirs
+
+    start(dl, slurm, shared)
+    go = shared / "go"
+    cfg, ctx = dl.context(TB_WRITER, {**config(shared), "entrypoint": f"python3 train.py {go}"})
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    local = dl.home / "experiments" / "1" / "trials" / "1" / "runs" / "1" / "tensorboard"
+    # copied while the job runs: the first event file, as it is so far
+    wait_for(
+        lambda: list(local.glob("events.out.tfevents.*")),
+        timeout=120,
+        what=f"the first event file\n{slurm.logs()}\n{daemon_log(dl)}",
+    )
+    (first,) = local.glob("events.out.tfevents.*")
+    size = first.stat().st_size
+    assert size > 0 and has_event_files(dl.home / "experiments" / "1" / "trials" / "1")
+    go.write_text("1")
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=120, what="completion")
+    log = dl.det("trial", "logs", "1").out
+    tb = json.loads(log.split("TB ", 1)[1].splitlines()[0])
+    assert tb["dir"].startswith(str(shared / "stage"))  # written on the shared filesystem
+    assert sorted(tb["sums"]) == [first.name, "sub/trace.bin"]
+    # after the run: every file whole (the 9 MiB one over several passes), the event file grown
+    wait_for(lambda: _sums(local) == tb["sums"], timeout=60, what=f"the copies {_sums(local)}")
+    assert first.stat().st_size > size
+    names = sorted(str(p.relative_to(local)) for p in local.rglob("*"))
+    assert names == [first.name, "sub", "sub/trace.bin"]  # no link, no FIFO
+    assert first.stat().st_uid == os.geteuid() and first.stat().st_mode & 0o777 == 0o644
+    # `det-local tensorboard start` reads the trial's own directory (not curves from metrics)
+    store = dl.store()
+    try:
+        ((name, logdir),) = trial_logdirs(store, dl.paths, [1])
+    finally:
+        store.close()
+    assert (name, logdir) == ("trial_1", dl.home / "experiments" / "1" / "trials" / "1")
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    go.unlink()
