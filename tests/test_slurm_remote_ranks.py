@@ -187,3 +187,122 @@ def test_a_staged_runs_tensorboard_files_come_back(
     assert (name, logdir) == ("trial_1", dl.home / "experiments" / "1" / "trials" / "1")
     wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
     go.unlink()
+
+
+def test_a_two_rank_pytorch_trial_pauses_and_resumes_exactly_over_tcp(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    """The PyTorchTrial path (pytorch.init, the Trainer's searcher operations, progress,
+    checkpoints and preemption of both ranks) over the channel: straight vs paused while at
+    batch 6 and activated, bit-identical. With several ranks the Trainer sees a pause at its
+    next boundary (README: validation every 4 batches here), so it stops at batch 8."""
+    import torch
+    from test_pytorch_run import TRAIN, final_state, steps
+    from test_pytorch_run import config as pt_config
+
+    proxy = start(dl, slurm, shared, slots_per_node=2)
+    launch = "python3 -m determined.launch.torch_distributed python3 train.py"
+
+    def cfg(name: str, **hp: Any) -> dict[str, Any]:
+        base = pt_config(name, {"batches": 12}, **hp)
+        return {**base, **config(shared), **RANKS, "entrypoint": launch}
+
+    c1, x1 = dl.context(TRAIN, cfg("straight"), name="straight")
+    r = dl.det("run", c1, x1, timeout=300)
+    assert r.rc == 0, f"{r}\n{dl.det('trial', 'logs', '1').out}"
+    marker = shared / "holding"
+    c2, x2 = dl.context(TRAIN, cfg("paused", hold_at=6, marker=str(marker)), name="paused")
+    assert dl.det("run", "--detach", c2, x2).rc == 0
+    wait_for(marker.exists, timeout=180, what=f"batch 6\n{daemon_log(dl)}")
+    assert dl.det("experiment", "pause", 2).rc == 0
+    wait_for(lambda: dl.experiment(2).state == State.PAUSED, timeout=90, what="the pause")
+    wait_for(lambda: slurm.queue() == [], timeout=30, what="the job to leave squeue")
+    assert dl.trial(2).steps_completed == 8
+    assert [c.steps_completed for c in dl.checkpoints(2)][-1] == 8
+    assert dl.det("experiment", "activate", 2).rc == 0
+    wait_for(lambda: dl.experiment(2).state == State.COMPLETED, timeout=240, what="completion")
+    assert steps(dl, 2, "training") == steps(dl, 1, "training")
+    assert steps(dl, 2, "validation") == steps(dl, 1, "validation") == [4, 8, 12]
+    a, b = final_state(dl, 1), final_state(dl, 2)
+    for name, value in a["models_state_dict"][0].items():
+        assert torch.equal(value, b["models_state_dict"][0][name]), name
+    assert [m.metrics for m in dl.metrics(1, "validation")] == [
+        m.metrics for m in dl.metrics(2, "validation")
+    ]
+    log = dl.det("trial", "logs", "2").out
+    assert "[rank=0]" in log and "[rank=1]" in log
+    # three jobs (straight, paused, resumed), two ranks each: six sessions over TCP
+    trial_hellos = [h for h in hellos(proxy) if h.get("t") == "hello"]
+    by_trial = sorted((h["trial_id"], h["run_id"], h["rank"]) for h in trial_hellos)
+    assert by_trial == [(1, 1, 0), (1, 1, 1), (2, 1, 0), (2, 1, 1), (2, 2, 0), (2, 2, 1)]
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    proxy.close()
+
+
+TWO_RANK_STEPS = """
+import json, sys, time, torch, torch.distributed as dist, determined as det
+from determined import core
+dist.init_process_group("gloo")
+d = core.DistributedContext.from_torch_distributed()
+info = det.get_cluster_info()
+with core.init(distributed=d) as c:
+    start, total = 0, 0.0
+    if info.latest_checkpoint:
+        with c.checkpoint.restore_path(info.latest_checkpoint) as p:
+            state = json.loads((p / "state.json").read_text())
+            start, total = state["step"], state["total"]
+    print(f"rank {d.rank} starts after step {start}", flush=True)
+    for step in range(start + 1, 31):
+        t = torch.tensor([float(step * (d.rank + 1))])
+        dist.all_reduce(t)
+        total += t.item()
+        time.sleep(0.1)
+        if d.rank == 0:
+            c.train.report_training_metrics(steps_completed=step, metrics={"total": total})
+        stop = c.preempt.should_preempt()  # every rank, every step (a collective)
+        if step % 5 == 0 or stop:
+            with c.checkpoint.store_path({"steps_completed": step}, shard=True) as (p, _):
+                if d.rank == 0:
+                    (p / "state.json").write_text(json.dumps({"step": step, "total": total}))
+        if stop:
+            print(f"rank {d.rank} stops at step {step}", flush=True)
+            sys.exit(0)
+    if d.rank == 0:
+        c.train.report_validation_metrics(steps_completed=30, metrics={"loss": 1.0, "x": total})
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_reach_a_time_limit_and_continue_in_a_second_job(
+    dl: Env, slurm: slurmkit.Slurm, shared: Path
+) -> None:
+    """The batch shell's USR1 tells the engine over TCP (its own handshake, rank -1); both
+    ranks of the first job see the preemption, checkpoint and end; a second job continues."""
+    proxy = start(dl, slurm, shared, sbatch_args=["--time=10"], signal_lead=300, slots_per_node=2)
+    launch = "python3 -m determined.launch.torch_distributed python3 train.py"
+    cfg, ctx = dl.context(TWO_RANK_STEPS, {**config(shared), **RANKS, "entrypoint": launch})
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(
+        lambda: len(dl.metrics(1, "training")) >= 7,
+        timeout=120,
+        what=f"step 7\n{slurm.logs()}\n{daemon_log(dl)}",
+    )
+    (job,) = dl.jobs()
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job.pid))
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=180, what="completion")
+    assert dl.metrics(1, "validation")[-1].metrics["x"] == 3 * sum(range(1, 31))
+    trial = dl.store().get_trial(1)
+    assert trial.restarts == 0 and trial.steps_completed == 30
+    log = dl.det("trial", "logs", "1").out
+    assert "ends soon: checkpointing to continue in a new job" in log
+    stopped = [line for line in log.splitlines() if "stops at step" in line]
+    assert len(stopped) == 2, log  # both ranks of the first job, at the same step
+    at = int(stopped[0].rsplit(" ", 1)[1])
+    assert stopped[1].endswith(f"stops at step {at}") and at >= 7
+    assert f"[rank=1] rank 1 starts after step {at}" in log
+    # no step trained twice or skipped: each reported once, in order, across the two jobs
+    assert [m.steps_completed for m in dl.metrics(1, "training")] == list(range(1, 31))
+    ids = sorted((h["run_id"], h["rank"]) for h in hellos(proxy) if h.get("t") == "hello")
+    assert ids == [(1, -1), (1, 0), (1, 1), (2, 0), (2, 1)], ids
+    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    proxy.close()
