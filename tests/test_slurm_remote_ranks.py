@@ -306,3 +306,76 @@ def test_two_ranks_reach_a_time_limit_and_continue_in_a_second_job(
     assert ids == [(1, -1), (1, 0), (1, 1), (2, 0), (2, 1)], ids
     wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
     proxy.close()
+
+
+def test_tensorboard_copy_takes_only_the_users_own_files_bounded(
+    tmp_path: Path, accounts: None
+) -> None:
+    """What a run's user left in the staged directory (or planted in its own info directory)
+    is hostile to a root daemon: links and FIFOs are skipped and never followed on either side,
+    another user's file is not copied, the copies are the user's; a pass copies at most its
+    limit and the next goes on."""
+    import pwd
+
+    from conftest import A, B
+
+    from det_local.sched.run.userfiles import Owner
+    from det_local.slurm import tbcopy
+
+    a, b = pwd.getpwnam(A), pwd.getpwnam(B)
+    owner = Owner(a.pw_uid, a.pw_gid, 0o077, None)
+    staged, info = tmp_path / "staged", tmp_path / "info"
+    tb = staged / "info" / "tensorboard"
+    deep = tb.joinpath(*[f"d{i}" for i in range(tbcopy.MAX_DEPTH + 1)])
+    deep.mkdir(parents=True)
+    info.mkdir()
+    big = os.urandom(3 * 1024 * 1024 + 5)
+    (tb / "events.out.tfevents.1").write_bytes(big)
+    (tb / "d0" / "kept").write_bytes(b"kept")
+    (deep.parent / "at-the-limit").write_bytes(b"x")  # MAX_DEPTH directories down: kept
+    (deep / "too-deep").write_bytes(b"x")
+    (tb / "bs").write_bytes(b"not the user's")
+    (tb / "shadow").symlink_to("/etc/shadow")
+    os.mkfifo(tb / "fifo")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's")
+    (tb / "planted").write_bytes(b"through a link?")
+    (tb / "d1").mkdir()
+    (tb / "d1" / "f").write_bytes(b"into a linked dir?")
+    for top, dirs, files in os.walk(tmp_path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(top, name), a.pw_uid, a.pw_gid, follow_symlinks=False)
+    os.chown(tb / "bs", b.pw_uid, b.pw_gid)
+    os.chown(victim, 0, 0)
+    os.chown(tmp_path, 0, 0)
+    # the user's own info dir, with links planted where the copies will go
+    (info / "tensorboard").mkdir()
+    os.chown(info / "tensorboard", a.pw_uid, a.pw_gid)
+    (info / "tensorboard" / "planted").symlink_to(victim)
+    (info / "tensorboard" / "d1").symlink_to(tmp_path)
+    src = os.open(staged, os.O_RDONLY | os.O_DIRECTORY)
+    dst = os.open(info, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        passes = []
+        while True:
+            moved = tbcopy.copy(src, dst, owner, 1024 * 1024)
+            passes.append(moved)
+            if moved == 0:
+                break
+        assert len(passes) >= 4 and max(passes) <= 1024 * 1024  # bounded, then goes on
+        assert tbcopy.copy(src, dst, owner, 1024 * 1024) == 0  # nothing new: nothing copied
+    finally:
+        os.close(src)
+        os.close(dst)
+    out = info / "tensorboard"
+    got = sorted(str(p.relative_to(out)) for p in out.rglob("*") if not p.is_symlink())
+    limit = "/".join(f"d{i}" for i in range(tbcopy.MAX_DEPTH)) + "/at-the-limit"
+    assert [g for g in got if not (out / g).is_dir()] == sorted(
+        ["events.out.tfevents.1", "d0/kept", limit]
+    )
+    assert (out / "events.out.tfevents.1").read_bytes() == big
+    st = (out / "events.out.tfevents.1").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (a.pw_uid, a.pw_gid, 0o600)
+    assert (out / "d0").stat().st_uid == a.pw_uid
+    assert victim.read_bytes() == b"root's" and not (tmp_path / "f").exists()
+    assert (out / "planted").is_symlink() and (out / "d1").is_symlink()  # left as they were

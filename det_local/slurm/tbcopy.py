@@ -4,7 +4,7 @@ A staged trial's ``DET_LOCAL_TENSORBOARD_DIR`` (``get_tensorboard_path()``, a Py
 SummaryWriter) is ``<staged>/info/tensorboard``, on the shared filesystem, removed when the run
 ends. Its files are copied into the run's own ``<info dir>/tensorboard`` in the state directory
 (where a local run writes them, under the trial's directory, which `det-local tensorboard
-start` and the dashboard read), by the log pump's thread (`stage.LogPump`), never on the event
+start` reads), by the log pump's thread (`stage.LogPump`), never on the event
 loop: while the job runs, at most ``PASS_BYTES`` a run and pass; when it has ended, the rest up
 to ``FINAL_BYTES``.
 
@@ -12,10 +12,10 @@ Event files are only appended to, so a file's copy is its staged bytes from the 
 size on (a file rewritten shorter is not copied again). What the run's user wrote is hostile
 input under a root daemon: both trees are walked by directory descriptors opened without
 following links (a symbolic link, FIFO or device is skipped, as is anything not the user's own);
-at most ``MAX_FILES`` files ``MAX_DEPTH`` directories deep are looked at; the copies are the
-user's (made by the daemon, owned by the user, mode from the user's umask), and an existing
-local file or directory is written only when it is the user's own regular file (one name) or
-directory.
+at most ``MAX_FILES`` files, at most ``MAX_DEPTH`` directories below ``tensorboard/``, are
+looked at; the copies are the user's (made by the daemon, owned by the user, mode from the
+user's umask), and an existing local file or directory is written only when it is the user's
+own regular file (one name) or directory.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def copy(staged_root_fd: int, local_info_fd: int, owner: userfiles.Owner | None,
                 return 0
             try:
                 budget = Budget(limit)
-                _copy_dir(top, dst, owner, uid, budget, 1)
+                _copy_dir(top, dst, owner, uid, budget, 0)
                 return budget.copied
             finally:
                 os.close(dst)
