@@ -379,3 +379,103 @@ def test_tensorboard_copy_takes_only_the_users_own_files_bounded(
     assert (out / "d0").stat().st_uid == a.pw_uid
     assert victim.read_bytes() == b"root's" and not (tmp_path / "f").exists()
     assert (out / "planted").is_symlink() and (out / "d1").is_symlink()  # left as they were
+
+
+@pytest.fixture(scope="module")
+def open_hidden() -> Iterator[Path]:
+    """A directory the compute node cannot see that the test users can enter (the daemon's
+    home goes there: they reach its socket)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="det-local-slurmtcp2-hid-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def users_slurm(
+    tmp_path_factory: pytest.TempPathFactory, open_hidden: Path
+) -> Iterator[slurmkit.Slurm]:
+    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(open_hidden,))
+
+
+def test_a_users_staged_tensorboard_files_are_the_users(
+    dl: Env, accounts: None, users_slurm: slurmkit.Slurm, open_hidden: Path
+) -> None:
+    """A root daemon, a real user's staged run (a shell command: the test users cannot start
+    the venv's Python): what it writes under its tensorboard dir comes back as the user's, a
+    link it leaves there does not."""
+    import pwd
+    import shutil
+    import tempfile
+
+    import yaml
+    from conftest import A, Shared, kill_home_processes
+
+    from det_local import api
+
+    home = Path(tempfile.mkdtemp(prefix="home-", dir=open_hidden))
+    os.chmod(home, 0o755)
+    outer = Path(tempfile.mkdtemp(prefix="det-local-slurmtcp2-", dir="/tmp"))
+    os.chmod(outer, 0o755)
+    for sub in ("out", "stage"):
+        (outer / sub).mkdir()
+        os.chmod(outer / sub, 0o1777)
+    dl.home = home
+    dl.env["DET_LOCAL_HOME"] = str(home)
+    (port,) = slurmkit._free_ports(1)
+    pool = {
+        "partition": "debug",
+        "channel": {"listen": f"127.0.0.1:{port}"},
+        "stage_dir": str(outer / "stage"),
+    }
+    try:
+        dl.daemon_start(
+            {"resource_pools": {"hpc": {"slurm": pool}}}, SLURM_CONF=str(users_slurm.conf)
+        )
+        shared = Shared(dl, home, outer / "out")
+        ctx = shared.out / "ctx"
+        ctx.mkdir()
+        script = (
+            'd="$DET_LOCAL_TENSORBOARD_DIR"; mkdir -p "$d/sub" && '
+            'printf "event bytes" > "$d/events.out.tfevents.1.n1" && '
+            'head -c 5000000 /dev/urandom > "$d/sub/trace.bin" && '
+            'ln -s /etc/shadow "$d/shadow" && cd "$d" && '
+            "sha256sum events.out.tfevents.1.n1 sub/trace.bin | sed 's/^/SUM /'"
+        )
+        cfg = {
+            "name": "tb",
+            "entrypoint": f"sh -c {__import__('shlex').quote(script)}",
+            "max_restarts": 0,
+            "resources": {"resource_pool": "hpc"},
+            "searcher": {"name": "single", "metric": "loss", "max_length": 1},
+        }
+        (ctx / "config.yaml").write_text(yaml.safe_dump(cfg))
+        os.chmod(ctx, 0o755)
+        shared.as_user(A, lambda: api.run(ctx / "config.yaml", ctx, follow=False))
+        wait_for(lambda: shared.job(1).state == "DONE", timeout=90, what="A's trial to end")
+        assert (shared.job(1).user, shared.job(1).exit_code) == (A, 0)
+        log = shared.paths.trial_log(1, 1).read_text()
+        sums = {
+            words[2]: words[1]
+            for words in (x.split() for x in log.splitlines())
+            if words[:1] == ["SUM"]
+        }
+        assert sorted(sums) == ["events.out.tfevents.1.n1", "sub/trace.bin"], log
+        local = shared.paths.trial_info_dir(1, 1, 1) / "tensorboard"
+        wait_for(
+            lambda: _sums(local) == sums,
+            timeout=60,
+            what=f"the copies {_sums(local) if local.exists() else None}",
+        )
+        uid = pwd.getpwnam(A).pw_uid
+        for p in [local, local / "sub", *(local / name for name in sums)]:
+            assert p.stat().st_uid == uid, p
+        assert not (local / "shadow").exists() and not (local / "shadow").is_symlink()
+        wait_for(lambda: list((outer / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    finally:
+        kill_home_processes(home)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(outer, ignore_errors=True)
