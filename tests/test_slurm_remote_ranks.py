@@ -479,3 +479,26 @@ def test_a_users_staged_tensorboard_files_are_the_users(
         kill_home_processes(home)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(outer, ignore_errors=True)
+
+
+def test_tensorboard_copy_reads_a_bounded_number_of_names(tmp_path: Path) -> None:
+    """A staged tensorboard dir of many names: a pass reads at most MAX_ENTRIES of them and
+    looks at MAX_FILES files; a run's files beyond those are left out (the next pass finds
+    the same ones up to date)."""
+    from det_local.slurm import tbcopy
+
+    tb = tmp_path / "staged" / "info" / "tensorboard"
+    tb.mkdir(parents=True)
+    (tmp_path / "info").mkdir()
+    for i in range(tbcopy.MAX_ENTRIES + 500):
+        (tb / f"f{i:05d}").write_bytes(b"x")
+    src = os.open(tmp_path / "staged", os.O_RDONLY | os.O_DIRECTORY)
+    dst = os.open(tmp_path / "info", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert tbcopy.copy(src, dst, None, 1 << 30) == tbcopy.MAX_FILES
+        assert len(list((tmp_path / "info" / "tensorboard").iterdir())) == tbcopy.MAX_FILES
+        assert tbcopy.copy(src, dst, None, 1 << 30) == 0
+        assert len(list((tmp_path / "info" / "tensorboard").iterdir())) == tbcopy.MAX_FILES
+    finally:
+        os.close(src)
+        os.close(dst)

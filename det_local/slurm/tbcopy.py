@@ -12,10 +12,11 @@ Event files are only appended to, so a file's copy is its staged bytes from the 
 size on (a file rewritten shorter is not copied again). What the run's user wrote is hostile
 input under a root daemon: both trees are walked by directory descriptors opened without
 following links (a symbolic link, FIFO or device is skipped, as is anything not the user's own);
-at most ``MAX_FILES`` files, at most ``MAX_DEPTH`` directories below ``tensorboard/``, are
-looked at; the copies are the user's (made by the daemon, owned by the user, mode from the
-user's umask), and an existing local file or directory is written only when it is the user's
-own regular file (one name) or directory.
+at most ``MAX_FILES`` files (of ``MAX_ENTRIES`` names read), at most ``MAX_DEPTH`` directories
+below ``tensorboard/``, are looked at a pass (a run's files beyond those are left out: a
+TensorBoard directory holds a few event files and traces); the copies are the user's (made by
+the daemon, owned by the user, mode from the user's umask), and an existing local file or
+directory is written only when it is the user's own regular file (one name) or directory.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DIR = "tensorboard"
 PASS_BYTES = 4 * 1024 * 1024  # copied per run and pass while the job runs
 FINAL_BYTES = 256 * 1024 * 1024  # copied at most once the job has ended
 MAX_FILES = 1000
+MAX_ENTRIES = 4000  # names read a run and pass (files, directories, anything else)
 MAX_DEPTH = 8
 READ = 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -40,6 +42,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class Budget:
     bytes: int
     files: int = MAX_FILES
+    entries: int = MAX_ENTRIES
     copied: int = 0
 
 
@@ -117,11 +120,17 @@ def _local_dir(parent: int, name: str, owner: userfiles.Owner | None) -> int | N
 def _copy_dir(
     src: int, dst: int, owner: userfiles.Owner | None, uid: int, budget: Budget, depth: int
 ) -> None:
+    names: list[str] = []
     try:
-        names = sorted(os.listdir(src))
+        with os.scandir(src) as entries:  # a directory of a million names: MAX_ENTRIES read
+            for entry in entries:
+                if budget.entries <= 0:
+                    break
+                budget.entries -= 1
+                names.append(entry.name)
     except OSError:
         return
-    for name in names:
+    for name in sorted(names):
         if budget.copied >= budget.bytes or budget.files <= 0:
             return
         try:
