@@ -502,3 +502,34 @@ def test_tensorboard_copy_reads_a_bounded_number_of_names(tmp_path: Path) -> Non
     finally:
         os.close(src)
         os.close(dst)
+
+
+def test_two_deepspeed_ranks_report_over_tcp(dl: Env, slurm: slurmkit.Slurm, shared: Path) -> None:
+    """The DeepSpeed launcher's ranks (a DeepSpeedTrial) over the channel, each its own
+    handshake; both write their part of the checkpoint on the shared filesystem."""
+    pytest.importorskip("deepspeed")
+    from test_deepspeed_trial import config as ds_config
+    from test_deepspeed_trial import context as ds_context
+
+    proxy = start(dl, slurm, shared, slots_per_node=2)
+    cfg = ds_config(
+        dl,
+        "python3 -m determined.launch.deepspeed --trial model_def:LinearDS",
+        6,
+        overwrite_deepspeed_args={"train_batch_size": 8},  # 2 micro x 2 steps x 2 ranks
+        record=str(shared / "record.jsonl"),  # the node cannot see the test's directory
+    )
+    cfg_path, ctx = ds_context(dl, {**cfg, **config(shared), **RANKS})
+    r = dl.det("run", cfg_path, ctx, timeout=300)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    trial = dl.trial(1)
+    assert trial.state == State.COMPLETED and trial.steps_completed == 6
+    rows = [json.loads(x) for x in (shared / "record.jsonl").read_text().splitlines()]
+    assert sorted({row["rank"] for row in rows}) == [0, 1]
+    last = Path(dl.checkpoints(1)[-1].path)
+    assert last.is_relative_to(shared / "ckpts")
+    names = {p.name for p in last.iterdir()}
+    assert {"det_state_dict_rank0.pth", "det_state_dict_rank1.pth", "model0"} <= names
+    ids = sorted(h["rank"] for h in hellos(proxy) if h.get("t") == "hello")
+    assert ids == [0, 1], ids
+    proxy.close()
