@@ -533,3 +533,38 @@ def test_two_deepspeed_ranks_report_over_tcp(dl: Env, slurm: slurmkit.Slurm, sha
     ids = sorted(h["rank"] for h in hellos(proxy) if h.get("t") == "hello")
     assert ids == [0, 1], ids
     proxy.close()
+
+
+def test_tensorboard_copy_follows_a_file_rewritten(tmp_path: Path) -> None:
+    """Appends are copied from where the copy ends; a file replaced by another (a new inode)
+    or made shorter is copied again from its start."""
+    from det_local.slurm import tbcopy
+
+    tb = tmp_path / "staged" / "info" / "tensorboard"
+    tb.mkdir(parents=True)
+    (tmp_path / "info").mkdir()
+    src = os.open(tmp_path / "staged", os.O_RDONLY | os.O_DIRECTORY)
+    dst = os.open(tmp_path / "info", os.O_RDONLY | os.O_DIRECTORY)
+    copy = tmp_path / "info" / "tensorboard" / "plugin.json"
+    inodes: dict[str, int] = {}
+
+    def step(write: Any) -> bytes:
+        write()
+        tbcopy.copy(src, dst, None, 1 << 20, inodes)
+        return copy.read_bytes()
+
+    try:
+        f = tb / "plugin.json"
+        assert step(lambda: f.write_bytes(b"first version")) == b"first version"
+        with open(f, "ab") as out:
+            assert step(lambda: out.write(b", appended") and out.flush()) == (
+                b"first version, appended"
+            )
+        second = b"second, longer version written aside and renamed over it"
+        tmp = tb / ".new"
+        tmp.write_bytes(second)
+        assert step(lambda: os.replace(tmp, f)) == second
+        assert step(lambda: f.write_bytes(b"third")) == b"third"  # in place, shorter
+    finally:
+        os.close(src)
+        os.close(dst)

@@ -29,7 +29,7 @@ import shutil
 import stat
 import subprocess
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from det_local.errors import ConfigError, TrialError
@@ -148,6 +148,7 @@ class Pumped:
     owner: userfiles.Owner | None
     offset: int = 0
     local_info: Path | None = None  # the run's own info directory (TensorBoard files)
+    tb_inodes: dict[str, int] = field(default_factory=dict)  # tbcopy's, from pass to pass
 
 
 class LogPump:
@@ -243,7 +244,7 @@ def _tensorboard(run: Pumped, limit: int) -> None:
     try:
         want = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
         if os.fstat(info).st_uid in want:
-            tbcopy.copy(run.dir_fd, info, run.owner, limit)
+            tbcopy.copy(run.dir_fd, info, run.owner, limit, run.tb_inodes)
     except OSError:
         pass
     finally:

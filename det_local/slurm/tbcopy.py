@@ -9,7 +9,8 @@ loop: while the job runs, at most ``PASS_BYTES`` a run and pass; when it has end
 to ``FINAL_BYTES``.
 
 Event files are only appended to, so a file's copy is its staged bytes from the local copy's
-size on (a file rewritten shorter is not copied again). What the run's user wrote is hostile
+size on; a staged file replaced by another (a new inode, seen by the same daemon) or shorter
+than its copy is copied again from its start. What the run's user wrote is hostile
 input under a root daemon: both trees are walked by directory descriptors opened without
 following links (a symbolic link, FIFO or device is skipped, as is anything not the user's own);
 at most ``MAX_FILES`` files (of ``MAX_ENTRIES`` names read), at most ``MAX_DEPTH`` directories
@@ -41,15 +42,28 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 @dataclass
 class Budget:
     bytes: int
+    inodes: dict[str, int]  # relative name -> the staged file's inode when last copied
     files: int = MAX_FILES
     entries: int = MAX_ENTRIES
     copied: int = 0
 
 
-def copy(staged_root_fd: int, local_info_fd: int, owner: userfiles.Owner | None, limit: int) -> int:
+def copy(
+    staged_root_fd: int,
+    local_info_fd: int,
+    owner: userfiles.Owner | None,
+    limit: int,
+    inodes: dict[str, int] | None = None,
+) -> int:
     """Copy what the staged ``info/tensorboard`` gained into ``<local info>/tensorboard``
     (``staged_root_fd``: the staged run's directory; ``local_info_fd``: the run's own info
-    directory); returns the bytes copied (at most ``limit``)."""
+    directory); returns the bytes copied (at most ``limit``). ``inodes`` (kept by the caller
+    from pass to pass): a staged file replaced by another (a new inode), or shorter than its
+    copy, is copied again from its start."""
+    if inodes is None:
+        inodes = {}
+    if len(inodes) > 4 * MAX_FILES:  # names that come and go: forget (appends still copied)
+        inodes.clear()
     uid = os.geteuid() if owner is None else owner.uid
     src = _open_dir(staged_root_fd, "info", uid)
     if src is None:
@@ -63,8 +77,8 @@ def copy(staged_root_fd: int, local_info_fd: int, owner: userfiles.Owner | None,
             if dst is None:
                 return 0
             try:
-                budget = Budget(limit)
-                _copy_dir(top, dst, owner, uid, budget, 0)
+                budget = Budget(limit, inodes)
+                _copy_dir(top, dst, owner, uid, budget, 0, "")
                 return budget.copied
             finally:
                 os.close(dst)
@@ -118,7 +132,13 @@ def _local_dir(parent: int, name: str, owner: userfiles.Owner | None) -> int | N
 
 
 def _copy_dir(
-    src: int, dst: int, owner: userfiles.Owner | None, uid: int, budget: Budget, depth: int
+    src: int,
+    dst: int,
+    owner: userfiles.Owner | None,
+    uid: int,
+    budget: Budget,
+    depth: int,
+    prefix: str,
 ) -> None:
     names: list[str] = []
     try:
@@ -147,18 +167,24 @@ def _copy_dir(
                 out = _local_dir(dst, name, owner)
                 if out is not None:
                     try:
-                        _copy_dir(sub, out, owner, uid, budget, depth + 1)
+                        _copy_dir(sub, out, owner, uid, budget, depth + 1, f"{prefix}{name}/")
                     finally:
                         os.close(out)
             finally:
                 os.close(sub)
         elif stat.S_ISREG(st.st_mode):
             budget.files -= 1
-            _copy_file(src, dst, name, owner, uid, budget)
+            _copy_file(src, dst, name, owner, uid, budget, prefix + name)
 
 
 def _copy_file(
-    src: int, dst: int, name: str, owner: userfiles.Owner | None, uid: int, budget: Budget
+    src: int,
+    dst: int,
+    name: str,
+    owner: userfiles.Owner | None,
+    uid: int,
+    budget: Budget,
+    rel: str,
 ) -> None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src)
@@ -173,6 +199,10 @@ def _copy_file(
             return
         try:
             offset = os.fstat(out).st_size
+            if budget.inodes.get(rel, st.st_ino) != st.st_ino or st.st_size < offset:
+                os.ftruncate(out, 0)  # rewritten (replaced, or shorter): copied anew
+                offset = 0
+            budget.inodes[rel] = st.st_ino
             while offset < st.st_size and budget.copied < budget.bytes:
                 data = os.pread(fd, min(READ, budget.bytes - budget.copied), offset)
                 if not data:
