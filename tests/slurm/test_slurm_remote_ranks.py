@@ -1,8 +1,8 @@
 """Multi-rank trials of a Slurm pool whose compute node is not the daemon's host (issue 29):
 every rank reports over the pool's TCP channel with its own rank's handshake; TensorBoard files
 a staged run writes come back to the run's own info directory. slurmd runs in a mount namespace
-that hides every test's directory (tests/slurmkit.py ``hide``), as in tests/test_slurm_remote.py,
-whose recording proxy shows what crosses the wire."""
+that hides every test's directory (tests/support/slurmkit.py ``hide``), as in
+tests/slurm/test_slurm_remote.py, whose recording proxy shows what crosses the wire."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import msgpack
 import pytest
-import slurmkit
-from conftest import Env, wait_for
-from test_slurm_remote import Proxy, config, daemon_log, shared, start
 
 from det_local.store.states import State
 from det_local.wire import rpc
+from tests.slurm.test_slurm_remote import Proxy, config, daemon_log, shared, start
+from tests.support import slurmkit
+from tests.support.world import Env, wait_for
 
 pytestmark = pytest.mark.slow
 __all__ = ["shared"]  # the fixture, used by name
@@ -197,8 +197,9 @@ def test_a_two_rank_pytorch_trial_pauses_and_resumes_exactly_over_tcp(
     batch 6 and activated, bit-identical. With several ranks the Trainer sees a pause at its
     next boundary (README: validation every 4 batches here), so it stops at batch 8."""
     import torch
-    from test_pytorch_run import TRAIN, final_state, steps
-    from test_pytorch_run import config as pt_config
+
+    from tests.trial.test_pytorch_run import TRAIN, final_state, steps
+    from tests.trial.test_pytorch_run import config as pt_config
 
     proxy = start(dl, slurm, shared, slots_per_node=2)
     launch = "python3 -m determined.launch.torch_distributed python3 train.py"
@@ -317,10 +318,9 @@ def test_tensorboard_copy_takes_only_the_users_own_files_bounded(
     limit and the next goes on."""
     import pwd
 
-    from conftest import A, B
-
     from det_local.sched.run.userfiles import Owner
     from det_local.slurm import tbcopy
+    from tests.support.users import A, B
 
     a, b = pwd.getpwnam(A), pwd.getpwnam(B)
     owner = Owner(a.pw_uid, a.pw_gid, 0o077, None)
@@ -412,9 +412,10 @@ def test_a_users_staged_tensorboard_files_are_the_users(
     import tempfile
 
     import yaml
-    from conftest import A, Shared, kill_home_processes
 
     from det_local import api
+    from tests.support.users import A, Shared
+    from tests.support.world import kill_home_processes
 
     home = Path(tempfile.mkdtemp(prefix="home-", dir=open_hidden))
     os.chmod(home, 0o755)
@@ -508,8 +509,8 @@ def test_two_deepspeed_ranks_report_over_tcp(dl: Env, slurm: slurmkit.Slurm, sha
     """The DeepSpeed launcher's ranks (a DeepSpeedTrial) over the channel, each its own
     handshake; both write their part of the checkpoint on the shared filesystem."""
     pytest.importorskip("deepspeed")
-    from test_deepspeed_trial import config as ds_config
-    from test_deepspeed_trial import context as ds_context
+    from tests.trial.test_deepspeed_trial import config as ds_config
+    from tests.trial.test_deepspeed_trial import context as ds_context
 
     proxy = start(dl, slurm, shared, slots_per_node=2)
     cfg = ds_config(
