@@ -29,12 +29,13 @@ import shutil
 import stat
 import subprocess
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from det_local.errors import ConfigError, TrialError
 from det_local.sched.run import userfiles
 from det_local.sched.run.launchplan import LaunchPlan
+from det_local.slurm import tbcopy
 from det_local.slurm.config import SlurmPool
 
 LOG = "output.log"
@@ -146,17 +147,23 @@ class Pumped:
     offset_file: Path
     owner: userfiles.Owner | None
     offset: int = 0
+    local_info: Path | None = None  # the run's own info directory (TensorBoard files)
+    tb_inodes: dict[str, int] = field(default_factory=dict)  # tbcopy's, from pass to pass
 
 
 class LogPump:
-    """Copies staged logs into the runs' own logs, every INTERVAL_S, from a thread."""
+    """Copies staged logs into the runs' own logs, and their TensorBoard files into the runs'
+    own info directories (`slurm/tbcopy.py`), every INTERVAL_S, from a thread. Only that thread
+    (or `stop`, once it has ended) closes a run's directory descriptor."""
 
     def __init__(self) -> None:
         self.runs: dict[int, Pumped] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
-        self.removals: list[tuple[Path, set[int]]] = []  # ended runs' staged directories
+        # ended runs (their last TensorBoard bytes, then their staged directory removed when
+        # ``mine``), and replaced ones (``mine`` None: their descriptor closed only)
+        self.removals: list[tuple[Pumped, set[int] | None]] = []
 
     def start(self) -> None:
         if self.thread is None:
@@ -165,10 +172,14 @@ class LogPump:
 
     def stop(self) -> None:
         self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+            if self.thread.is_alive():
+                return  # a pass stuck on a network filesystem: its runs' files stay
         with self.lock:  # what ended meanwhile goes now (a daemon stopping, a run just ended)
             removals, self.removals = self.removals, []
-        for root, mine in removals:
-            _remove(root, mine)
+        for run, mine in removals:
+            _retire(run, mine)
 
     def add(
         self, job_id: int, root: Path, local_log: Path, info_dir: str, owner: userfiles.Owner | None
@@ -186,21 +197,23 @@ class LogPump:
             offset = int(offset_file.read_text().strip())
         except (OSError, ValueError):
             offset = 0
+        run = Pumped(fd, root, local_log, offset_file, owner, offset, Path(info_dir))
         with self.lock:
             old = self.runs.pop(job_id, None)
-            self.runs[job_id] = Pumped(fd, root, local_log, offset_file, owner, offset)
-        if old is not None:
-            os.close(old.dir_fd)
+            self.runs[job_id] = run
+            if old is not None:
+                self.removals.append((old, None))
 
     def _loop(self) -> None:
         while not self.stopping.wait(INTERVAL_S):
             with self.lock:
-                jobs = list(self.runs)
+                jobs = list(self.runs.items())
                 removals, self.removals = self.removals, []
-            for job_id in jobs:
+            for job_id, run in jobs:
                 self.pump(job_id, CHUNK)
-            for root, mine in removals:
-                _remove(root, mine)
+                _tensorboard(run, tbcopy.PASS_BYTES)
+            for run, mine in removals:
+                _retire(run, mine)
 
     def pump(self, job_id: int, limit: int) -> None:
         with self.lock:  # one copier at a time: offsets stay exact
@@ -209,16 +222,43 @@ class LogPump:
                 _copy(run, limit)
 
     def finish(self, job_id: int) -> None:
-        """The job has ended: copy the rest (bounded) now; its staged directory is removed by
-        the pump's thread (a context copy on a network filesystem may take a while)."""
+        """The job has ended: copy the rest of its log (bounded) now; its last TensorBoard
+        bytes are copied and its staged directory removed by the pump's thread (a context
+        copy on a network filesystem may take a while)."""
         self.pump(job_id, FINAL_MAX)
         with self.lock:
             run = self.runs.pop(job_id, None)
             if run is None:
                 return
             mine = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
-            self.removals.append((run.root, mine))
-        os.close(run.dir_fd)
+            self.removals.append((run, mine))
+
+
+def _tensorboard(run: Pumped, limit: int) -> None:
+    if run.local_info is None:
+        return
+    try:
+        info = os.open(run.local_info, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        want = {os.geteuid()} | ({run.owner.uid} if run.owner is not None else set())
+        if os.fstat(info).st_uid in want:
+            tbcopy.copy(run.dir_fd, info, run.owner, limit, run.tb_inodes)
+    except OSError:
+        pass
+    finally:
+        os.close(info)
+
+
+def _retire(run: Pumped, mine: set[int] | None) -> None:
+    """An ended run: its last TensorBoard bytes, its descriptor closed, its directory removed
+    (``mine``: the owners it may have); a replaced one: its descriptor closed."""
+    if mine is not None:
+        _tensorboard(run, tbcopy.FINAL_BYTES)
+    os.close(run.dir_fd)
+    if mine is not None:
+        _remove(run.root, mine)
 
 
 def _remove(root: Path, owners: set[int]) -> None:
