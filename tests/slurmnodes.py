@@ -1,0 +1,146 @@
+"""A private Slurm whose two compute nodes are network namespaces on this host.
+
+    with slurmnodes.cluster(root) as slurm:   # nodes dln1, dln2; partition debug
+        ...
+
+The namespaces come from tests/fednet.py (a bridge in a namespace of its own, one veth per
+node: dln1 = 10.77.0.1, dln2 = 10.77.0.2). The host gets one veth of its own on that bridge
+(10.77.0.254, the only interface this adds to the root namespace) so that slurmctld, the daemon
+under test and its `sbatch`/`squeue` reach the nodes, and the nodes reach slurmctld. Each
+slurmd runs inside its node's namespace under `unshare --uts` with its own hostname, on the same
+port as the other (each in its own namespace), `NodeAddr` its bridge address. munge is reached
+through its filesystem socket (Unix sockets cross network namespaces), and so is the daemon's
+socket a trial reports over. Everything (processes, namespaces, the host's veth) is removed
+on the way out, failed or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import fednet
+import slurmkit
+
+NODES = ("dln1", "dln2")
+HOST_ADDR = f"{fednet.SUBNET}.254"
+
+
+def _config(root: Path, partition: str) -> str:
+    ctld, slurmd = slurmkit._free_ports(2)
+    host = socket.gethostname()
+    nodes = "\n".join(
+        f"NodeName={name} NodeHostname={name} NodeAddr={fednet.SUBNET}.{i} CPUs=4 "
+        "RealMemory=2000 State=UNKNOWN"
+        for i, name in enumerate(NODES, start=1)
+    )
+    return f"""ClusterName=detlocaln{os.getpid()}
+SlurmctldHost={host}({HOST_ADDR})
+SlurmctldPort={ctld}
+SlurmdPort={slurmd}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.socket
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SlurmdParameters=config_overrides
+KillWait=5
+MinJobAge=300
+InactiveLimit=0
+Waittime=0
+{nodes}
+PartitionName={partition} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _host_link(net: fednet.Net) -> str:
+    """The host's veth on the bridge (its peer `vh` in the bridge's namespace)."""
+    name = f"{net.prefix}-h"
+    fednet.ip("link", "add", name, "type", "veth", "peer", "name", "vh", "netns", net.sw)
+    fednet.ip("-n", net.sw, "link", "set", "vh", "master", "br0", "up")
+    fednet.ip("addr", "add", f"{HOST_ADDR}/24", "dev", name)
+    fednet.ip("link", "set", name, "up")
+    return name
+
+
+def _slurmd(ns: str, name: str, conf: Path) -> list[str]:
+    """slurmd in the node's namespace with its own hostname (a UTS namespace of its own).
+    `nsenter --net`, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
+    tree slurmd 22.05 opens at start ("No filesystem mounted on /sys/fs/cgroup")."""
+    return [
+        "nsenter", f"--net=/run/netns/{ns}", "--",
+        "unshare", "--uts", "--",
+        "sh", "-c", 'hostname "$1" && exec "$2" -D -N "$1" -f "$3"', "slurmd",
+        name, slurmkit._sbin("slurmd"), str(conf),
+    ]  # fmt: skip
+
+
+def all_idle(slurm: slurmkit.Slurm) -> bool:
+    states = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()
+    return sorted(states[0::2]) == sorted(NODES) and set(states[1::2]) == {"idle"}
+
+
+@contextlib.contextmanager
+def cluster(root: Path, partition: str = "debug") -> Iterator[slurmkit.Slurm]:
+    """Two namespaced compute nodes and a controller on the host; all idle on entry."""
+    fednet.sweep()
+    with fednet.Net(root / "net") as net:
+        link = _host_link(net)
+        try:
+            for i in range(1, len(NODES) + 1):
+                net.node(i)
+            conf = root / "slurm.conf"
+            slurm = slurmkit.Slurm(root, conf, partition, NODES[0], [])
+            for attempt in range(3):
+                slurmkit.prepare(root)
+                for name in NODES:
+                    (root / "spool" / name).mkdir(parents=True, exist_ok=True)
+                conf.write_text(_config(root, partition))
+                daemons = [
+                    _slurmd(node.ns, n, conf) for node, n in zip(net.nodes, NODES, strict=True)
+                ]
+                slurm.procs.clear()
+                try:
+                    slurmkit.launch(slurm, daemons, lambda: all_idle(slurm))
+                    break
+                except slurmkit.PortTaken:
+                    if attempt == 2:
+                        raise
+            try:
+                yield slurm
+            finally:
+                slurmkit.stop(slurm)
+        finally:
+            fednet.ip("link", "del", link, check=False)
+
+
+def skip_reason() -> str | None:
+    missing = slurmkit.missing_tools() + [t for t in ("ip", "unshare") if not shutil.which(t)]
+    if missing:
+        return f"Slurm or iproute2 missing ({', '.join(missing)}): apt-get install slurm-wlm munge"
+    if os.geteuid() != 0:
+        return "a Slurm of network namespaces needs root"
+    return None
