@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import slurmkit
 import slurmnodes
-from conftest import Env
+from conftest import Env, wait_for
 
 from det_local.slurm import node
 from det_local.store.states import State
@@ -108,6 +108,105 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmkit.Slurm) 
     # resolves to; these names resolve nowhere, so it fell back to loopback and never met)
     assert {r["ifname"] for r in ranks.values()} == {"eth0"}
     assert "[rank=1]" in logs and "[rank=0]" in logs
+    assert slurm.queue() == []
+
+
+# A Core API trial over both nodes: each batch adds the ranks' allgathered batch numbers to x
+# (a resume that skipped or repeated a batch ends with another x); rank 0 reports; both ranks
+# write their shard of every checkpoint; on the first run it holds after `hold_at` until the
+# pause (should_preempt() is collective: both ranks leave together)
+CORE = """
+import json, socket, sys, time
+import determined as det
+
+info = det.get_cluster_info()
+hp = info.trial.hparams
+dist = det.core.DistributedContext.from_torch_distributed()
+with det.core.init(distributed=dist) as core:
+    rank = core.distributed.rank
+    host = socket.gethostname()
+    hosts = core.distributed.allgather(host)
+    x, start = 0, 0
+    if info.latest_checkpoint:
+        with core.checkpoint.restore_path(info.latest_checkpoint) as path:
+            x, start, _ = json.loads((path / f"rank{rank}.json").read_text())
+    print(f"CORE rank={rank} host={host} hosts={','.join(hosts)} start={start}", flush=True)
+
+    def save(step):
+        with core.checkpoint.store_path({"steps_completed": step}, shard=True) as (path, _):
+            (path / f"rank{rank}.json").write_text(json.dumps([x, step, host]))
+
+    for step in range(start + 1, hp["batches"] + 1):
+        x += sum(core.distributed.allgather(step))
+        if rank == 0:
+            core.train.report_training_metrics(steps_completed=step, metrics={"x": x})
+        if step % hp["ckpt_every"] == 0:
+            save(step)
+        if step == hp["hold_at"] and info.latest_checkpoint is None:
+            for _ in range(1200):  # the same count on both ranks: bounded, never diverging
+                if core.preempt.should_preempt():
+                    save(step)
+                    sys.exit(0)
+                time.sleep(0.1)
+    if rank == 0:
+        core.train.report_validation_metrics(steps_completed=hp["batches"], metrics={"x": x})
+"""
+
+
+def core_config(hp: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "core-2-node",
+        "hyperparameters": hp,
+        "resources": {"slots_per_trial": 2, "resource_pool": "hpc"},
+        "searcher": {"name": "single", "metric": "x", "max_length": hp["batches"]},
+        "entrypoint": "python3 -m determined.launch.torch_distributed python3 train.py",
+        "max_restarts": 0,
+    }
+
+
+def core_lines(text: str) -> list[dict[str, str]]:
+    pattern = r"CORE rank=(\d) host=(\S+) hosts=(\S+) start=(\d+)"
+    return [
+        dict(zip(("rank", "host", "hosts", "start"), m.groups(), strict=True))
+        for m in re.finditer(pattern, text)
+    ]
+
+
+@pytest.mark.slow
+def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmkit.Slurm) -> None:
+    start_daemon(dl, slurm)
+    batches = 12
+    cfg, ctx = dl.context(CORE, core_config({"batches": batches, "ckpt_every": 4, "hold_at": 6}))
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: dl.store().get_trial(1).steps_completed >= 6, timeout=120, what="batch 6")
+    (first,) = [j.pid for j in dl.jobs() if j.pid]
+    assert str(first) in slurm.queue()
+    assert dl.det("experiment", "pause", 1).out.strip() == "experiment 1 paused"
+    wait_for(lambda: dl.experiment(1).state == State.PAUSED, timeout=90, what="the pause")
+    wait_for(lambda: slurm.queue() == [], timeout=30, what="both nodes' job to leave squeue")
+    assert dl.store().get_trial(1).steps_completed == 6
+    assert dl.det("experiment", "activate", 1).rc == 0
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=180, what="completion")
+    trial = dl.store().get_trial(1)
+    assert trial.state == State.COMPLETED and trial.steps_completed == batches
+    # every batch once, on both ranks: x = 2 * (1 + ... + 12)
+    assert dl.metrics(1, "validation")[-1].metrics["x"] == 2 * sum(range(1, batches + 1))
+    assert [m.steps_completed for m in dl.metrics(1, "training")] == list(range(1, batches + 1))
+    # two Slurm jobs, each over both nodes; allgather saw both hostnames in each
+    lines = core_lines(dl.det("trial", "logs", 1).out)
+    assert sorted((d["start"], d["rank"], d["host"]) for d in lines) == [
+        ("0", "0", "dln1"),
+        ("0", "1", "dln2"),
+        ("6", "0", "dln1"),
+        ("6", "1", "dln2"),
+    ], lines
+    assert {d["hosts"] for d in lines} == {"dln1,dln2"}
+    assert len(list(dl.home.glob("experiments/1/trials/1/runs/*/slurm-batch.sh"))) == 2
+    # each checkpoint (4, 6 at the pause, 8, 12) holds both nodes' shards
+    ckpts = dl.checkpoints(1)
+    assert [c.steps_completed for c in ckpts] == [4, 6, 8, 12]
+    for ckpt in ckpts:
+        assert {"rank0.json", "rank1.json"} <= set(ckpt.resources), ckpt
     assert slurm.queue() == []
 
 
