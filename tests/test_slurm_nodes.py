@@ -3,7 +3,8 @@
 torch_distributed trial on a pool of 1 slot per node runs one launcher per node through `srun`,
 the rendezvous on the allocation's first host over the bridge; both ranks train, report over
 the daemon's Unix socket (reachable from the namespaces through the filesystem), checkpoint and
-complete."""
+complete, and learn exactly what one slot of this machine learns; a Core API trial over both
+nodes (allgather, sharded checkpoints) pauses and resumes exactly."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import slurmkit
 import slurmnodes
+import torch
 from conftest import Env, wait_for
 
 from det_local.slurm import node
@@ -49,7 +51,10 @@ def slurm() -> Iterator[slurmkit.Slurm]:
 
 def start_daemon(dl: Env, slurm: slurmkit.Slurm) -> None:
     pools = {"resource_pools": {"hpc": {"slurm": {"partition": "debug", "slots_per_node": 1}}}}
-    dl.daemon_start(pools, SLURM_CONF=str(slurm.conf))
+    # one CPU slot of this machine for the default pool (the 1-slot reference run)
+    dl.daemon_start(
+        pools, SLURM_CONF=str(slurm.conf), DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS="1"
+    )
 
 
 def ddp_config(**extra: Any) -> dict[str, Any]:
@@ -109,6 +114,23 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmkit.Slurm) 
     assert {r["ifname"] for r in ranks.values()} == {"eth0"}
     assert "[rank=1]" in logs and "[rank=0]" in logs
     assert slurm.queue() == []
+
+    # the same experiment on 1 slot of this machine learns the same (gradients were averaged
+    # across the two nodes: the global batch of 32 split 16 + 16)
+    from test_ddp_daemon import final_weights
+
+    one = {**ddp_config(name="ddp-1-slot"), "resources": {"slots_per_trial": 1}}
+    cfg, ctx = dl.context(WHERE + DDP.read_text(), one, name="ddp1")
+    r = dl.det("run", cfg, ctx, timeout=300)
+    assert r.rc == 0 and "Experiment 2 (ddp-1-slot) COMPLETED" in r.out, r
+    val2, val1 = dl.metrics(1, "validation"), dl.metrics(2, "validation")
+    for a, b in zip(val2, val1, strict=True):
+        assert a.metrics["validation_loss"] == pytest.approx(b.metrics["validation_loss"], rel=1e-5)
+        assert a.metrics["accuracy"] == pytest.approx(b.metrics["accuracy"], abs=1e-6)
+    weights2, weights1 = final_weights(dl, 1), final_weights(dl, 2)
+    assert weights2.keys() == weights1.keys()
+    for name, w in weights2.items():
+        torch.testing.assert_close(w, weights1[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 # A Core API trial over both nodes: each batch adds the ranks' allgathered batch numbers to x
