@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import fednet
@@ -28,6 +29,30 @@ import slurmkit
 
 NODES = ("dln1", "dln2")
 HOST_ADDR = f"{fednet.SUBNET}.254"
+
+
+@dataclass
+class Nodes(slurmkit.Slurm):
+    """The running Slurm and its nodes' network namespaces (in the order of NODES)."""
+
+    namespaces: list[str] = field(default_factory=list)
+
+    def node_processes(self) -> dict[str, list[str]]:
+        """node -> the command lines of what runs in its namespace besides slurmd itself."""
+        found: dict[str, list[str]] = {}
+        for name, ns in zip(NODES, self.namespaces, strict=True):
+            pids = fednet.ip("netns", "pids", ns, check=False).stdout.split()
+            cmds = []
+            for pid in pids:
+                try:
+                    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                argv = raw.decode(errors="replace").split("\0")
+                if argv[0] and Path(argv[0]).name != "slurmd":
+                    cmds.append(" ".join(argv).strip())
+            found[name] = cmds
+        return found
 
 
 def _config(root: Path, partition: str) -> str:
@@ -104,7 +129,7 @@ def all_idle(slurm: slurmkit.Slurm) -> bool:
 
 
 @contextlib.contextmanager
-def cluster(root: Path, partition: str = "debug") -> Iterator[slurmkit.Slurm]:
+def cluster(root: Path, partition: str = "debug") -> Iterator[Nodes]:
     """Two namespaced compute nodes and a controller on the host; all idle on entry."""
     fednet.sweep()
     with fednet.Net(root / "net") as net:
@@ -113,7 +138,7 @@ def cluster(root: Path, partition: str = "debug") -> Iterator[slurmkit.Slurm]:
             for i in range(1, len(NODES) + 1):
                 net.node(i)
             conf = root / "slurm.conf"
-            slurm = slurmkit.Slurm(root, conf, partition, NODES[0], [])
+            slurm = Nodes(root, conf, partition, NODES[0], [], [n.ns for n in net.nodes])
             for attempt in range(3):
                 slurmkit.prepare(root)
                 for name in NODES:

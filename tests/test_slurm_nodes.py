@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import slurmkit
 import slurmnodes
 import torch
 from conftest import Env, wait_for
@@ -34,7 +33,7 @@ WHERE = (
 
 
 @pytest.fixture(scope="module")
-def slurm() -> Iterator[slurmkit.Slurm]:
+def slurm() -> Iterator[slurmnodes.Nodes]:
     reason = slurmnodes.skip_reason()
     if reason:
         pytest.skip(reason)
@@ -49,7 +48,7 @@ def slurm() -> Iterator[slurmkit.Slurm]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def start_daemon(dl: Env, slurm: slurmkit.Slurm) -> None:
+def start_daemon(dl: Env, slurm: slurmnodes.Nodes) -> None:
     pools = {"resource_pools": {"hpc": {"slurm": {"partition": "debug", "slots_per_node": 1}}}}
     # one CPU slot of this machine for the default pool (the 1-slot reference run)
     dl.daemon_start(
@@ -87,7 +86,7 @@ def where(text: str) -> dict[int, dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmkit.Slurm) -> None:
+def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
     cfg, ctx = dl.context(WHERE + DDP.read_text(), ddp_config(), name="ddp")
     r = dl.det("run", cfg, ctx, timeout=300)
@@ -195,20 +194,35 @@ def core_lines(text: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmkit.Slurm) -> None:
+def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
     batches = 12
     cfg, ctx = dl.context(CORE, core_config({"batches": batches, "ckpt_every": 4, "hold_at": 6}))
     assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    follow = dl.start("trial", "logs", "-f", 1)  # until the trial stops or pauses
     wait_for(lambda: dl.store().get_trial(1).steps_completed >= 6, timeout=120, what="batch 6")
     (first,) = [j.pid for j in dl.jobs() if j.pid]
     assert str(first) in slurm.queue()
     assert dl.det("experiment", "pause", 1).out.strip() == "experiment 1 paused"
     wait_for(lambda: dl.experiment(1).state == State.PAUSED, timeout=90, what="the pause")
     wait_for(lambda: slurm.queue() == [], timeout=30, what="both nodes' job to leave squeue")
+    wait_for(
+        lambda: slurm.node_processes() == {n: [] for n in slurmnodes.NODES},
+        timeout=30,
+        what="nothing left running on the nodes but slurmd",
+    )
     assert dl.store().get_trial(1).steps_completed == 6
+    # `trial logs -f` followed every rank, on both nodes
+    followed = follow.wait(timeout=60)
+    assert followed.rc == 0, followed
+    assert sorted((d["rank"], d["host"]) for d in core_lines(followed.out)) == [
+        ("0", "dln1"),
+        ("1", "dln2"),
+    ], followed
     assert dl.det("experiment", "activate", 1).rc == 0
     wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=180, what="completion")
+    only = dl.det("trial", "logs", 1, "--rank", 1).out
+    assert [d["rank"] for d in core_lines(only)] == ["1", "1"], only
     trial = dl.store().get_trial(1)
     assert trial.state == State.COMPLETED and trial.steps_completed == batches
     # every batch once, on both ranks: x = 2 * (1 + ... + 12)
