@@ -152,6 +152,8 @@ with det.core.init(distributed=dist) as core:
         with core.checkpoint.restore_path(info.latest_checkpoint) as path:
             x, start, _ = json.loads((path / f"rank{rank}.json").read_text())
     print(f"CORE rank={rank} host={host} hosts={','.join(hosts)} start={start}", flush=True)
+    if hp.get("fail_rank") == rank:
+        raise SystemExit(3)
 
     def save(step):
         with core.checkpoint.store_path({"steps_completed": step}, shard=True) as (path, _):
@@ -244,6 +246,36 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
     for ckpt in ckpts:
         assert {"rank0.json", "rank1.json"} <= set(ckpt.resources), ckpt
     assert slurm.queue() == []
+
+
+@pytest.mark.slow
+def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmnodes.Nodes) -> None:
+    """kill: scancel takes both nodes' ranks; a rank failing on the second node ends the job
+    on both (srun --kill-on-bad-exit) and the trial errors. Nothing is left in squeue or on
+    the nodes either way."""
+    start_daemon(dl, slurm)
+    empty = {n: [] for n in slurmnodes.NODES}
+    cfg, ctx = dl.context(CORE, core_config({"batches": 4, "ckpt_every": 4, "hold_at": 1}))
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: len(core_lines(dl.log(1, 1))) == 2, timeout=120, what="both ranks up")
+    assert dl.det("experiment", "kill", 1).out.strip() == "experiment 1 killed"
+    wait_for(lambda: dl.experiment(1).state == State.CANCELED, timeout=60, what="the kill")
+    wait_for(lambda: slurm.queue() == [], timeout=30, what="squeue to be empty")
+    wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
+
+    hp = {"batches": 4, "ckpt_every": 4, "hold_at": 0, "fail_rank": 1}
+    cfg, ctx = dl.context(CORE, core_config(hp), name="bad")
+    r = dl.det("run", cfg, ctx, timeout=180)
+    assert r.rc == 1 and "Experiment 2 (core-2-node) ERROR" in r.out, r
+    trial = dl.store().get_trial(2)
+    assert trial.state == State.ERROR and trial.steps_completed == 0
+    log = dl.log(2, 2)
+    # the first failure is rank 1's on dln2 (its own exit 3); the job's exit status is srun's,
+    # the highest of the tasks' (often 143: the other node's, stopped by srun)
+    assert "det-local: rank 1 exited with code 3" in log, log
+    assert "srun: error: dln2: task 1: Exited with exit code" in log, log
+    assert slurm.queue() == []
+    wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
 
 
 def test_the_node_step_environment_from_slurms() -> None:
