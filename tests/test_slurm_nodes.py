@@ -8,7 +8,9 @@ nodes (allgather, sharded checkpoints) pauses and resumes exactly."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import slurmnodes
 import torch
-from conftest import Env, wait_for
+from conftest import A, Env, Shared, kill_home_processes, wait_for
 
 from det_local.slurm import node
 from det_local.store.states import State
@@ -43,8 +45,6 @@ def slurm() -> Iterator[slurmnodes.Nodes]:
         with slurmnodes.cluster(root) as cluster:
             yield cluster
     finally:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -276,6 +276,61 @@ def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmno
     assert "srun: error: dln2: task 1: Exited with exit code" in log, log
     assert slurm.queue() == []
     wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
+    reason="real users: needs root, useradd and runuser",
+)
+def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
+    dl: Env, accounts: None, slurm: slurmnodes.Nodes
+) -> None:
+    """A root daemon submits a user's 2-slot trial as that user (`runuser -u USER -- sbatch`):
+    one Slurm job of theirs, and the trial's command runs as them on both nodes."""
+    import pwd
+
+    from fednet import interpreter_reachable
+
+    from det_local import api
+
+    base = Path(tempfile.mkdtemp(prefix="det-local-slurmn-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        out = base / "out"
+        out.mkdir()
+        out.chmod(0o1777)
+        home = base / "home"
+        dl.home = home
+        dl.env["DET_LOCAL_HOME"] = str(home)
+        dl.daemon_start(
+            {"resource_pools": {"hpc": {"slurm": {"partition": "debug"}}}},
+            SLURM_CONF=str(slurm.conf),
+        )
+        shared = Shared(dl, home, out)
+        ctx = out / "ctx"
+        ctx.mkdir()
+        who = out / "who.txt"
+        (ctx / "config.yaml").write_text(
+            "name: a-exp\n"
+            'entrypoint: echo "$(id -un) $(hostname) $DET_LOCAL_NODE_RANK $SLURM_JOB_ID"'
+            f" >> {who}\n"
+            "max_restarts: 0\nresources: {resource_pool: hpc, slots_per_trial: 2}\n"
+            "searcher: {name: single, metric: loss, max_length: 1}\n"
+        )
+        ctx.chmod(0o755)
+        with interpreter_reachable():  # srun runs det_local.slurm.node as A on each node
+            shared.as_user(A, lambda: api.run(ctx / "config.yaml", ctx, follow=False))
+            wait_for(lambda: shared.job(1).state == "DONE", timeout=90, what="A's trial")
+        job = shared.job(1)
+        assert (job.user, job.exit_code) == (A, 0), (job, who.read_text())
+        lines = sorted(who.read_text().split("\n")[:-1])
+        assert lines == [f"{A} dln1 0 {job.pid}", f"{A} dln2 1 {job.pid}"], lines
+        shown = slurm.run("scontrol", "show", "job", str(job.pid)).stdout
+        assert f"UserId={A}({pwd.getpwnam(A).pw_uid})" in shown and "NumNodes=2" in shown
+    finally:
+        kill_home_processes(base / "home")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_node_step_environment_from_slurms() -> None:
