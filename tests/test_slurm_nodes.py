@@ -333,6 +333,36 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
+def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
+    """DeepSpeed's launcher on each node (no hostfile over several nodes: torchrun's
+    rendezvous on the chief); each rank trains its own shard and writes its part."""
+    pytest.importorskip("deepspeed")
+    from test_deepspeed_trial import config, context, records
+
+    start_daemon(dl, slurm)
+    cfg_dict = config(
+        dl,
+        "python3 -m determined.launch.deepspeed --trial model_def:LinearDS",
+        6,
+        overwrite_deepspeed_args={"train_batch_size": 8},  # 2 micro x 2 steps x 2 ranks
+    )
+    cfg_dict["resources"] = {"slots_per_trial": 2, "resource_pool": "hpc"}
+    cfg, ctx = context(dl, cfg_dict)
+    r = dl.det("run", cfg, ctx, timeout=300)
+    assert r.rc == 0, (r, dl.log(1, 1)[-3000:])
+    trial = dl.store().get_trial(1)
+    assert trial.state == State.COMPLETED and trial.steps_completed == 6
+    rows = records(dl)
+    for rank in (0, 1):
+        mine = [r for r in rows if r["rank"] == rank]
+        assert [r["batch"] for r in mine] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+        assert {r["node_rank"] for r in mine} == {str(rank)}  # rank N on node N
+    # each rank in its own node's network namespace
+    assert len({r["netns"] for r in rows}) == 2
+    assert slurm.queue() == []
+
+
 def test_the_node_step_environment_from_slurms() -> None:
     """What det_local.slurm.node gives a node's launcher: the chief from
     SLURM_LAUNCH_NODE_IPADDR, the node rank and count from Slurm, the interface toward the
