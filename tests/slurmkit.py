@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,8 +76,10 @@ class Slurm:
 
     def logs(self) -> str:
         parts = []
-        for p in sorted(self.root.glob("slurm*.log")):  # slurmctld, each slurmd
-            parts.append(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:])
+        for name in ("slurmctld.log", "slurmd.log"):
+            p = self.root / name
+            if p.exists():
+                parts.append(f"--- {name}\n" + p.read_text()[-4000:])
         return "\n".join(parts)
 
 
@@ -143,19 +145,8 @@ class PortTaken(RuntimeError):
 
 
 def _start(root: Path, node: str, partition: str) -> Slurm:
-    conf = root / "slurm.conf"
-    prepare(root)
-    conf.write_text(_config(root, node, partition))
-    slurm = Slurm(root, conf, partition, node, [])
-    daemons = [[_sbin("slurmd"), "-D", "-N", node, "-f", str(conf)]]
-    launch(slurm, daemons, lambda: slurm.node_state() == "idle")
-    return slurm
-
-
-def prepare(root: Path) -> None:
-    """The directories and a fresh munge key (a new one per start)."""
-    for old in root.glob("slurm*.log"):
-        old.unlink()
+    for old in ("slurmctld.log", "slurmd.log"):
+        (root / old).unlink(missing_ok=True)
     # every user's sbatch must reach the config and munge's socket; the key stays root's
     for d in ("munge", "munge-key", "state", "spool", "munge-key/log"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -165,15 +156,11 @@ def prepare(root: Path) -> None:
     key = root / "munge-key" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
-
-
-def launch(slurm: Slurm, slurmds: list[list[str]], ready: Callable[[], bool]) -> None:
-    """munged, `slurmctld -D`, then each slurmd argv; returns once `ready()` (bounded). Stops
-    what it started when anything fails."""
-    root, conf = slurm.root, slurm.conf
-    key = root / "munge-key" / "munge.key"
+    conf = root / "slurm.conf"
+    conf.write_text(_config(root, node, partition))
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    procs = slurm.procs
+    procs: list[subprocess.Popen[bytes]] = []
+    slurm = Slurm(root, conf, partition, node, procs)
     try:
         subprocess.run(
             [
@@ -189,20 +176,22 @@ def launch(slurm: Slurm, slurmds: list[list[str]], ready: Callable[[], bool]) ->
             capture_output=True,
             timeout=30,
         )
-        for i, argv in enumerate([[_sbin("slurmctld"), "-D", "-i", "-f", str(conf)], *slurmds]):
-            name = "slurmctld" if i == 0 else f"slurmd{i}"
+        for argv in (
+            [_sbin("slurmctld"), "-D", "-i", "-f", str(conf)],
+            [_sbin("slurmd"), "-D", "-N", node, "-f", str(conf)],
+        ):
             procs.append(
                 subprocess.Popen(
                     argv,
                     env=env,
                     stdout=subprocess.DEVNULL,
-                    stderr=open(root / f"{name}.stderr", "wb"),  # noqa: SIM115
+                    stderr=open(root / f"{Path(argv[0]).name}.stderr", "wb"),  # noqa: SIM115
                     start_new_session=True,
                 )
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         delay = 0.05
-        while not ready():
+        while slurm.node_state() != "idle":
             if any(p.poll() is not None for p in procs) and "Address already in use" in (
                 slurm.logs()
             ):
@@ -216,6 +205,7 @@ def launch(slurm: Slurm, slurmds: list[list[str]], ready: Callable[[], bool]) ->
     except BaseException:
         stop(slurm)
         raise
+    return slurm
 
 
 def stop(slurm: Slurm) -> None:

@@ -20,6 +20,8 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,12 @@ class Nodes(slurmkit.Slurm):
     """The running Slurm and its nodes' network namespaces (in the order of NODES)."""
 
     namespaces: list[str] = field(default_factory=list)
+
+    def logs(self) -> str:
+        parts = []
+        for p in sorted(self.root.glob("slurm*.log")):  # slurmctld, each node's slurmd
+            parts.append(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:])
+        return "\n".join(parts)
 
     def node_processes(self) -> dict[str, list[str]]:
         """node -> the command lines of what runs in its namespace besides slurmd itself."""
@@ -123,6 +131,69 @@ def _slurmd(ns: str, name: str, conf: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def _prepare(root: Path) -> None:
+    """Directories, and a fresh munge key, as tests/slurmkit.py makes them."""
+    for old in root.glob("slurm*.log"):
+        old.unlink()
+    for d in ("munge", "munge-key", "munge-key/log", "state", *(f"spool/{n}" for n in NODES)):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    (root / "munge").chmod(0o755)  # every user's sbatch reaches munge's socket
+    (root / "munge-key").chmod(0o700)  # the key stays root's
+    key = root / "munge-key" / "munge.key"
+    key.unlink(missing_ok=True)
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+
+
+def _launch(slurm: Nodes, slurmds: list[list[str]]) -> None:
+    """munged, `slurmctld -D` on the host, each node's slurmd; returns once every node is idle
+    (bounded). Stops what it started when anything fails."""
+    root, env = slurm.root, {**os.environ, **slurm.env}
+    try:
+        subprocess.run(
+            [
+                slurmkit._sbin("munged"),
+                f"--socket={root}/munge/munge.socket",
+                f"--key-file={root}/munge-key/munge.key",
+                f"--pid-file={root}/munge-key/munged.pid",
+                f"--log-file={root}/munge-key/log/munged.log",
+                f"--seed-file={root}/munge-key/munged.seed",
+                "--force",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        ctld = [slurmkit._sbin("slurmctld"), "-D", "-i", "-f", str(slurm.conf)]
+        for i, argv in enumerate([ctld, *slurmds]):
+            with open(root / f"daemon{i}.stderr", "wb") as err:
+                slurm.procs.append(
+                    subprocess.Popen(
+                        argv,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        start_new_session=True,
+                    )  # fmt: skip
+                )
+        deadline = time.monotonic() + slurmkit.START_TIMEOUT_S
+        delay = 0.05
+        while not all_idle(slurm):
+            died = any(p.poll() is not None for p in slurm.procs)
+            if died and "Address already in use" in slurm.logs():
+                raise slurmkit.PortTaken(slurm.logs())
+            if died or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Slurm did not come up ({slurm.node_state()!r})\n{slurm.logs()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    except BaseException:
+        slurmkit.stop(slurm)
+        raise
+
+
 def all_idle(slurm: slurmkit.Slurm) -> bool:
     states = slurm.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()
     return sorted(states[0::2]) == sorted(NODES) and set(states[1::2]) == {"idle"}
@@ -139,17 +210,15 @@ def cluster(root: Path, partition: str = "debug") -> Iterator[Nodes]:
                 net.node(i)
             conf = root / "slurm.conf"
             slurm = Nodes(root, conf, partition, NODES[0], [], [n.ns for n in net.nodes])
-            for attempt in range(3):
-                slurmkit.prepare(root)
-                for name in NODES:
-                    (root / "spool" / name).mkdir(parents=True, exist_ok=True)
+            for attempt in range(3):  # again on new ports when one was taken meanwhile
+                _prepare(root)
                 conf.write_text(_config(root, partition))
                 daemons = [
                     _slurmd(node.ns, n, conf) for node, n in zip(net.nodes, NODES, strict=True)
                 ]
                 slurm.procs.clear()
                 try:
-                    slurmkit.launch(slurm, daemons, lambda: all_idle(slurm))
+                    _launch(slurm, daemons)
                     break
                 except slurmkit.PortTaken:
                     if attempt == 2:
