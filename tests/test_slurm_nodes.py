@@ -249,6 +249,35 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
 
 
 @pytest.mark.slow
+def test_two_node_trial_at_its_time_limit_continues_in_a_second_job(
+    dl: Env, slurm: slurmnodes.Nodes
+) -> None:
+    """Slurm's time-limit signal (USR1 to the batch shell on the first node, sent here with
+    `scancel --signal=USR1 --batch` as Slurm does at the lead): both ranks checkpoint, and a
+    second 2-node job continues the trial without spending max_restarts."""
+    start_daemon(dl, slurm)
+    cfg, ctx = dl.context(CORE, core_config({"batches": 10, "ckpt_every": 4, "hold_at": 6}))
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: dl.store().get_trial(1).steps_completed >= 6, timeout=120, what="batch 6")
+    (first,) = [j.pid for j in dl.jobs() if j.pid]
+    slurm.run("scancel", "--signal=USR1", "--batch", str(first))
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=180, what="completion")
+    trial = dl.store().get_trial(1)
+    assert trial.steps_completed == 10 and trial.restarts == 0
+    assert dl.metrics(1, "validation")[-1].metrics["x"] == 2 * sum(range(1, 11))
+    lines = core_lines(dl.log(1, 1))
+    assert sorted((d["start"], d["host"]) for d in lines) == [
+        ("0", "dln1"),
+        ("0", "dln2"),
+        ("6", "dln1"),
+        ("6", "dln2"),
+    ], lines
+    assert len(list(dl.home.glob("experiments/1/trials/1/runs/*/slurm-batch.sh"))) == 2
+    assert any("reaches its time limit soon" in e for e in dl.events(1))
+    assert slurm.queue() == []
+
+
+@pytest.mark.slow
 def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """kill: scancel takes both nodes' ranks; a rank failing on the second node ends the job
     on both (srun --kill-on-bad-exit) and the trial errors. Nothing is left in squeue or on
