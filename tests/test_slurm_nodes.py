@@ -8,6 +8,7 @@ nodes (allgather, sharded checkpoints) pauses and resumes exactly."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -152,6 +153,8 @@ with det.core.init(distributed=dist) as core:
         with core.checkpoint.restore_path(info.latest_checkpoint) as path:
             x, start, _ = json.loads((path / f"rank{rank}.json").read_text())
     print(f"CORE rank={rank} host={host} hosts={','.join(hosts)} start={start}", flush=True)
+    seen = [info.agent_id, info.container_rank, info.container_addrs, info.container_slot_counts]
+    print("INFO " + json.dumps(seen), flush=True)
     if hp.get("fail_rank") == rank:
         raise SystemExit(3)
 
@@ -231,7 +234,8 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
     assert dl.metrics(1, "validation")[-1].metrics["x"] == 2 * sum(range(1, batches + 1))
     assert [m.steps_completed for m in dl.metrics(1, "training")] == list(range(1, batches + 1))
     # two Slurm jobs, each over both nodes; allgather saw both hostnames in each
-    lines = core_lines(dl.det("trial", "logs", 1).out)
+    logs = dl.det("trial", "logs", 1).out
+    lines = core_lines(logs)
     assert sorted((d["start"], d["rank"], d["host"]) for d in lines) == [
         ("0", "0", "dln1"),
         ("0", "1", "dln2"),
@@ -239,6 +243,15 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
         ("6", "1", "dln2"),
     ], lines
     assert {d["hosts"] for d in lines} == {"dln1,dln2"}
+    # get_cluster_info() on each node: its agent and rank, both nodes' addresses and slots
+    # (dln2's name resolves nowhere here: it stays a name)
+    seen = [json.loads(line.split("INFO ", 1)[1]) for line in logs.splitlines() if "INFO [" in line]
+    chief = f"{slurmnodes.fednet.SUBNET}.1"
+    assert sorted(map(json.dumps, seen)) == sorted(
+        json.dumps([host, rank, [chief, "dln2"], [1, 1]])
+        for host, rank in (("dln1", 0), ("dln2", 1))
+        for _ in range(2)  # both runs
+    ), seen
     assert len(list(dl.home.glob("experiments/1/trials/1/runs/*/slurm-batch.sh"))) == 2
     # each checkpoint (4, 6 at the pause, 8, 12) holds both nodes' shards
     ckpts = dl.checkpoints(1)
@@ -398,8 +411,20 @@ def test_the_node_step_environment_from_slurms() -> None:
     chief (here loopback), an interface the experiment set kept."""
     import socket
 
-    step = {"SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1", "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
-    assert node.node_env(step) == {
+    step = {
+        "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "DET_SLOT_IDS": "[0, 1]",
+    }
+    env = node.node_env(step)
+    assert json.loads(env.pop("DET_LOCAL_NODE_INFO")) == {
+        "agent_id": socket.gethostname(),
+        "container_addrs": ["127.0.0.1", "node1"],  # no SLURM_JOB_NODELIST to name node 1
+        "container_rank": 1,
+        "container_slot_counts": [2, 2],
+    }
+    assert env == {
         "DET_CHIEF_IP": "127.0.0.1",
         "DET_LOCAL_NNODES": "2",
         "DET_LOCAL_NODE_RANK": "1",
@@ -418,3 +443,15 @@ def test_the_node_step_without_a_command(capsys: pytest.CaptureFixture[str]) -> 
         "det-local: error: slurm.node: no command to run\n"
         "usage: python3 -m det_local.slurm.node -- CMD...\n"
     )
+
+
+def test_a_malformed_node_info_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from det_local.wire import trialinfo
+
+    for bad in ("{", "[]", '{"container_addrs": ["a"], "container_rank": 3}'):
+        info = SimpleNamespace(agent_id="here", _rendezvous_info=None)
+        monkeypatch.setenv("DET_LOCAL_NODE_INFO", bad)
+        trialinfo._node_overlay(info)  # type: ignore[arg-type]
+        assert (info.agent_id, info._rendezvous_info) == ("here", None)

@@ -14,16 +14,21 @@ gives the step, then execs ``CMD``:
 * ``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME``: the interface this node
   reaches the chief on, unless already set (the experiment's ``environment_variables``). Left
   alone, gloo binds the address the hostname resolves to, which on many clusters is not the
-  nodes' network (or nothing: it falls back to loopback and the ranks never meet).
+  nodes' network (or nothing: it falls back to loopback and the ranks never meet);
+* ``DET_LOCAL_NODE_INFO``: this node's part of ``get_cluster_info()`` (the run's info
+  directory is one for all nodes): ``agent_id``, ``container_rank``, ``container_addrs``,
+  ``container_slot_counts``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from det_local.sched.run.rendezvous import (
     CHIEF_ENV,
@@ -32,17 +37,18 @@ from det_local.sched.run.rendezvous import (
     NODE_RANK_ENV,
     interface_of,
 )
+from det_local.wire.trialinfo import NODE_INFO_ENV
 
 USAGE = "usage: python3 -m det_local.slurm.node -- CMD..."
 
 
-def chief(environ: Mapping[str, str]) -> str:
-    addr = environ.get("SLURM_LAUNCH_NODE_IPADDR", "").strip()
-    if addr:
-        return addr
+def hostnames(environ: Mapping[str, str]) -> list[str]:
+    """The allocation's nodes, first host first (`scontrol show hostnames` expands the list)."""
     nodelist = environ.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return []
     try:
-        out = subprocess.run(
+        return subprocess.run(
             ["scontrol", "show", "hostnames", nodelist],
             capture_output=True,
             text=True,
@@ -50,8 +56,42 @@ def chief(environ: Mapping[str, str]) -> str:
             check=True,
         ).stdout.split()
     except (OSError, subprocess.SubprocessError):
-        out = []
-    return out[0] if out else socket.gethostname()
+        return []
+
+
+def chief(environ: Mapping[str, str], hosts: list[str]) -> str:
+    addr = environ.get("SLURM_LAUNCH_NODE_IPADDR", "").strip()
+    if addr:
+        return addr
+    return hosts[0] if hosts else socket.gethostname()
+
+
+def address(host: str) -> str:
+    """A node's IPv4 address when its name resolves, else its name."""
+    try:
+        return str(socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0])
+    except (OSError, IndexError):
+        return host
+
+
+def node_info(environ: Mapping[str, str], hosts: list[str], head: str) -> dict[str, Any]:
+    """This node's part of get_cluster_info() (DET_LOCAL_NODE_INFO, read by
+    `wire/trialinfo.get_cluster_info`): its agent, its rank, every node's address (the chief's
+    as the nodes reached it) and slots, as a local multi-machine trial has them."""
+    nnodes = max(int(environ.get("SLURM_NNODES") or 1), 1)
+    rank = int(environ.get("SLURM_NODEID") or 0)
+    addrs = [head, *(address(h) for h in hosts[1:nnodes])]
+    addrs += [f"node{i}" for i in range(len(addrs), nnodes)]  # a list Slurm did not give
+    try:
+        per_node = len(json.loads(environ.get("DET_SLOT_IDS") or "[0]"))
+    except ValueError:
+        per_node = 1
+    return {
+        "agent_id": socket.gethostname(),
+        "container_addrs": addrs,
+        "container_rank": rank,
+        "container_slot_counts": [max(per_node, 1)] * nnodes,
+    }
 
 
 def route_interface(address: str) -> str | None:
@@ -76,12 +116,14 @@ def route_interface(address: str) -> str | None:
 
 def node_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables this node's launcher needs, from Slurm's step environment."""
-    head = chief(environ)
+    hosts = hostnames(environ)
+    head = chief(environ, hosts)
     env = {
         CHIEF_ENV: head,
-        NNODES_ENV: environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or "1",
+        NNODES_ENV: environ.get("SLURM_NNODES") or "1",
         NODE_RANK_ENV: environ.get("SLURM_NODEID", "0"),
         "DET_AGENT_ID": socket.gethostname(),
+        NODE_INFO_ENV: json.dumps(node_info(environ, hosts, head)),
     }
     if not all(environ.get(name) for name in IFNAME_VARS):
         iface = route_interface(head)
