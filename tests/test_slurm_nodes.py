@@ -405,6 +405,30 @@ def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> Non
     assert slurm.queue() == []
 
 
+@pytest.mark.slow
+def test_a_one_node_trials_cluster_info_is_its_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
+    """get_cluster_info() in a 1-slot trial on a Slurm node: that node's agent, rank 0 of one
+    node holding its slot (not the daemon's machine, where it holds none)."""
+    start_daemon(dl, slurm)
+    probe = (
+        "import json, determined as det\n"
+        "i = det.get_cluster_info()\n"
+        "seen = [i.agent_id, i.container_rank, i.container_addrs, i.container_slot_counts,"
+        " i.slot_ids]\n"
+        "print('INFO ' + json.dumps(seen), flush=True)\n"
+    )
+    cfg, ctx = dl.context(probe, {"resources": {"resource_pool": "hpc"}})
+    r = dl.det("run", cfg, ctx, timeout=120)
+    assert r.rc == 0, r
+    agent, rank, addrs, counts, slots = json.loads(r.out.split("INFO ", 1)[1].splitlines()[0])
+    assert agent in slurmnodes.NODES and (rank, addrs, counts, slots) == (
+        0,
+        ["127.0.0.1"],
+        [1],
+        [0],
+    )
+
+
 def test_the_node_step_environment_from_slurms() -> None:
     """What det_local.slurm.node gives a node's launcher: the chief from
     SLURM_LAUNCH_NODE_IPADDR, the node rank and count from Slurm, the interface toward the

@@ -92,6 +92,12 @@ def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str
     for key in sorted(env):
         lines.append(f"export {key}={shlex.quote(env[key])}")
     lines.append('export DET_AGENT_ID="$(hostname)"')
+    if shape.nodes == 1:  # get_cluster_info() of the node (several: slurm/node.py sets it)
+        lines.append(
+            'export DET_LOCAL_NODE_INFO="{\\"agent_id\\": \\"$(hostname)\\", '
+            '\\"container_addrs\\": [\\"127.0.0.1\\"], \\"container_rank\\": 0, '
+            f'\\"container_slot_counts\\": [{shape.per_node}]}}"'
+        )
     notify = f"{shlex.quote(sys.executable)} -m det_local.slurm.notify"
     lines.append(f"_det_local_lead() {{ {notify} time_limit || true; }}")
     lines.append("trap _det_local_lead USR1")
