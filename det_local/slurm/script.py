@@ -94,6 +94,12 @@ def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str
     for key in sorted(env):
         lines.append(f"export {key}={shlex.quote(env[key])}")
     lines.append('export DET_AGENT_ID="$(hostname)"')
+    if shape.nodes == 1:  # get_cluster_info() of the node (several: slurm/node.py sets it)
+        lines.append(
+            'export DET_LOCAL_NODE_INFO="{\\"agent_id\\": \\"$(hostname)\\", '
+            '\\"container_addrs\\": [\\"127.0.0.1\\"], \\"container_rank\\": 0, '
+            f'\\"container_slot_counts\\": [{shape.per_node}]}}"'
+        )
     notify = f"{shlex.quote(sys.executable)} -m det_local.slurm.notify"
     lines.append(f"_det_local_lead() {{ {notify} time_limit || true; }}")
     lines.append("trap _det_local_lead USR1")
@@ -113,16 +119,11 @@ def _command(plan: LaunchPlan, shape: Shape) -> str:
     argv = " ".join(shlex.quote(a) for a in plan.argv)
     if shape.nodes == 1:
         return argv
-    # one launcher per node (the plan's command: torch_distributed, DeepSpeed ...), the
-    # rendezvous on the first host of the allocation, each node its rank from Slurm
-    per_node = (
-        'export DET_CHIEF_IP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"; '
-        f"export DET_LOCAL_NNODES={shape.nodes}; "
-        'export DET_LOCAL_NODE_RANK="$SLURM_NODEID"; '
-        'export DET_AGENT_ID="$(hostname)"; '
-        f"exec {argv}"
-    )
+    # one launcher per node (the plan's command: torch_distributed, DeepSpeed ...) through
+    # det_local.slurm.node, which gives it the rendezvous (the allocation's first host), its
+    # node rank and its network interface from Slurm's step environment
+    node = f"{shlex.quote(sys.executable)} -m det_local.slurm.node"
     return (
         f"srun --nodes={shape.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --wait=60 "
-        f"bash -c {shlex.quote(per_node)}"
+        f"{node} -- {argv}"
     )

@@ -253,5 +253,31 @@ def get_cluster_info() -> ClusterInfo | None:
     if not _loaded:
         directory = os.environ.get(INFO_DIR_ENV)
         _info = ClusterInfo._from_files(Path(directory)) if directory else None
+        if _info is not None:
+            _node_overlay(_info)
         _loaded = True
     return _info
+
+
+NODE_INFO_ENV = "DET_LOCAL_NODE_INFO"
+
+
+def _node_overlay(info: ClusterInfo) -> None:
+    """A trial over several Slurm nodes shares one info directory; each node's own part (its
+    agent, rank, the nodes' addresses and slots) comes in DET_LOCAL_NODE_INFO, set on the node
+    by ``det_local.slurm.node``. Anything malformed there is ignored."""
+    raw = os.environ.get(NODE_INFO_ENV)
+    if not raw:
+        return
+    try:
+        node = json.loads(raw)
+        addrs = [str(a) for a in node["container_addrs"]]
+        rank = int(node["container_rank"])
+        counts = [int(c) for c in node["container_slot_counts"]]
+        agent = str(node["agent_id"])
+    except (ValueError, TypeError, KeyError):
+        return
+    if len(addrs) != len(counts) or not 0 <= rank < len(addrs):
+        return
+    info.agent_id = agent
+    info._rendezvous_info = RendezvousInfo(addrs, rank, counts)

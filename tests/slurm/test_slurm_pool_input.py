@@ -131,8 +131,8 @@ def test_config_check_prints_the_batch_script(dl: Env) -> None:
 
 
 def test_a_two_node_trial_starts_one_launcher_per_node_with_srun() -> None:
-    """Multi-node is not run here (one slurmd on this host; two in network namespaces need a
-    bridge and a second hostname per node, left for later): the script is checked instead."""
+    """The script of a GPU pool's 2-node trial (run for real on CPU nodes in network
+    namespaces: tests/test_slurm_nodes.py)."""
     pool = parse_slurm_pool("hpc", {"partition": "gpu", "gres": "gpu", "slots_per_node": 4}, "x")
     assert Shape.of(8, pool) == Shape(nodes=2, per_node=4)
     plan = LaunchPlan(
@@ -149,6 +149,7 @@ def test_a_two_node_trial_starts_one_launcher_per_node_with_srun() -> None:
     assert "export DET_SLOT_IDS='[0, 1, 2, 3]'" in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert srun.startswith("srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --wait=60 ")
-    assert 'DET_CHIEF_IP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"' in srun
-    assert 'DET_LOCAL_NODE_RANK="$SLURM_NODEID"' in srun and "DET_LOCAL_NNODES=2" in srun
-    assert srun.endswith("exec python3 -m determined.launch.torch_distributed python3 train.py' &")
+    assert srun.endswith(
+        " -m det_local.slurm.node -- python3 -m determined.launch.torch_distributed "
+        "python3 train.py &"
+    )
