@@ -1,5 +1,5 @@
 """Trials over two Slurm nodes: each slurmd in its own network namespace with its own hostname
-(tests/slurmnodes.py), the daemon on the host submitting with `sbatch`. A 2-slot
+(tests/support/slurmnodes.py), the daemon on the host submitting with `sbatch`. A 2-slot
 torch_distributed trial on a pool of 1 slot per node runs one launcher per node through `srun`,
 the rendezvous on the allocation's first host over the bridge; both ranks train, report over
 the daemon's Unix socket (reachable from the namespaces through the filesystem), checkpoint and
@@ -18,14 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import slurmnodes
 import torch
-from conftest import A, Env, Shared, kill_home_processes, wait_for
 
 from det_local.slurm import node
 from det_local.store.states import State
+from tests.support import slurmnodes
+from tests.support.paths import FIXTURES
+from tests.support.users import A, Shared
+from tests.support.world import Env, kill_home_processes, wait_for
 
-DDP = Path(__file__).resolve().parent / "fixtures" / "ddp_trial.py"
+DDP = FIXTURES / "ddp_trial.py"
 # each rank says where it runs (its node's hostname and the DET_AGENT_ID the script gave it)
 WHERE = (
     "import os, socket\n"
@@ -117,7 +119,7 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes
 
     # the same experiment on 1 slot of this machine learns the same (gradients were averaged
     # across the two nodes: the global batch of 32 split 16 + 16)
-    from test_ddp_daemon import final_weights
+    from tests.launch.test_ddp_daemon import final_weights
 
     one = {**ddp_config(name="ddp-1-slot"), "resources": {"slots_per_trial": 1}}
     cfg, ctx = dl.context(WHERE + DDP.read_text(), one, name="ddp1")
@@ -332,9 +334,8 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
     one Slurm job of theirs, and the trial's command runs as them on both nodes."""
     import pwd
 
-    from fednet import interpreter_reachable
-
     from det_local import api
+    from tests.support.fednet import interpreter_reachable
 
     base = Path(tempfile.mkdtemp(prefix="det-local-slurmn-", dir="/tmp"))
     try:
@@ -380,7 +381,7 @@ def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> Non
     """DeepSpeed's launcher on each node (no hostfile over several nodes: torchrun's
     rendezvous on the chief); each rank trains its own shard and writes its part."""
     pytest.importorskip("deepspeed")
-    from test_deepspeed_trial import config, context, records
+    from tests.trial.test_deepspeed_trial import config, context, records
 
     start_daemon(dl, slurm)
     cfg_dict = config(

@@ -3,7 +3,7 @@
     with slurmnodes.cluster(root) as slurm:   # nodes dln1, dln2; partition debug
         ...
 
-The namespaces come from tests/fednet.py (a bridge in a namespace of its own, one veth per
+The namespaces come from tests/support/fednet.py (a bridge in a namespace of its own, one veth per
 node: dln1 = 10.77.0.1, dln2 = 10.77.0.2). The host gets one veth of its own on that bridge
 (10.77.0.254, the only interface this adds to the root namespace) so that slurmctld, the daemon
 under test and its `sbatch`/`squeue` reach the nodes, and the nodes reach slurmctld. Each
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,8 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fednet
-import slurmkit
+from tests.support import fednet, slurmkit
 
 NODES = ("dln1", "dln2")
 HOST_ADDR = f"{fednet.SUBNET}.254"
@@ -119,20 +119,25 @@ def _host_link(net: fednet.Net) -> str:
     return name
 
 
-def _slurmd(ns: str, name: str, conf: Path) -> list[str]:
+def _slurmd(ns: str, name: str, conf: Path, hide: tuple[Path, ...] = ()) -> list[str]:
     """slurmd in the node's namespace with its own hostname (a UTS namespace of its own).
     `nsenter --net`, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
-    tree slurmd 22.05 opens at start ("No filesystem mounted on /sys/fs/cgroup")."""
+    tree slurmd 22.05 opens at start ("No filesystem mounted on /sys/fs/cgroup"). ``hide``:
+    directories the node and its jobs do not see (a mount namespace of its own, an empty tmpfs
+    over each, as tests/support/slurmkit.py hides them): a node without the daemon's files."""
+    mounts = "".join(
+        f"mount -t tmpfs -o size=1m,mode=755 hidden {shlex.quote(str(p))} && " for p in hide
+    )
     return [
         "nsenter", f"--net=/run/netns/{ns}", "--",
-        "unshare", "--uts", "--",
-        "sh", "-c", 'hostname "$1" && exec "$2" -D -N "$1" -f "$3"', "slurmd",
+        "unshare", "--uts", "--mount", "--propagation", "private", "--",
+        "sh", "-c", mounts + 'hostname "$1" && exec "$2" -D -N "$1" -f "$3"', "slurmd",
         name, slurmkit._sbin("slurmd"), str(conf),
     ]  # fmt: skip
 
 
 def _prepare(root: Path) -> None:
-    """Directories, and a fresh munge key, as tests/slurmkit.py makes them."""
+    """Directories, and a fresh munge key, as tests/support/slurmkit.py makes them."""
     for old in root.glob("slurm*.log"):
         old.unlink()
     for d in ("munge", "munge-key", "munge-key/log", "state", *(f"spool/{n}" for n in NODES)):
@@ -200,8 +205,9 @@ def all_idle(slurm: slurmkit.Slurm) -> bool:
 
 
 @contextlib.contextmanager
-def cluster(root: Path, partition: str = "debug") -> Iterator[Nodes]:
-    """Two namespaced compute nodes and a controller on the host; all idle on entry."""
+def cluster(root: Path, partition: str = "debug", hide: tuple[Path, ...] = ()) -> Iterator[Nodes]:
+    """Two namespaced compute nodes and a controller on the host; all idle on entry.
+    ``hide``: see _slurmd."""
     fednet.sweep()
     with fednet.Net(root / "net") as net:
         link = _host_link(net)
@@ -214,7 +220,8 @@ def cluster(root: Path, partition: str = "debug") -> Iterator[Nodes]:
                 _prepare(root)
                 conf.write_text(_config(root, partition))
                 daemons = [
-                    _slurmd(node.ns, n, conf) for node, n in zip(net.nodes, NODES, strict=True)
+                    _slurmd(node.ns, n, conf, hide)
+                    for node, n in zip(net.nodes, NODES, strict=True)
                 ]
                 slurm.procs.clear()
                 try:
