@@ -670,9 +670,9 @@ class Engine:
                     run.trial_id, "the cluster was off while its ranks ran on other machines"
                 )
             if run is not None:
-                self.on_trial_exit(run, ended.code)
+                self.on_trial_exit(run, ended.code, ended.unstarted)
         else:
-            self.commands.on_exit(job, ended.code, ended.problem)
+            self.commands.on_exit(job, ended.code, ended.problem or ended.unstarted)
         return True
 
     def _pool_of_job(self, job: JobRecord) -> str:
@@ -705,8 +705,8 @@ class Engine:
         )
         self.preempt(run, self.experiment(run.experiment_id))
 
-    def on_trial_exit(self, run: TrialRun, code: int) -> None:
-        trialexit.trial_exited(self, run, code)
+    def on_trial_exit(self, run: TrialRun, code: int, unstarted: str | None = None) -> None:
+        trialexit.trial_exited(self, run, code, unstarted)
 
     def maybe_finish(self, exp: ExperimentRun) -> None:
         trialexit.finish_if_done(self, exp)

@@ -13,6 +13,8 @@ resource_pools:
       signal_lead: 120                 # seconds before the time limit the trial is told to
                                        # checkpoint (--signal=B:USR1@N)
       shared_paths: [/scratch, /home]  # what the compute nodes mount (default: all of it)
+      submit_retry: 120                # seconds a trial's sbatch is tried again while
+                                       # slurmctld is unreachable (0: never)
 ```
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 from det_local.errors import ConfigError
 
 DEFAULT_SIGNAL_LEAD_S = 120
+DEFAULT_SUBMIT_RETRY_S = 120
 _KEYS = {
     "partition",
     "sbatch_args",
@@ -33,6 +36,7 @@ _KEYS = {
     "slots_per_node",
     "signal_lead",
     "shared_paths",
+    "submit_retry",
 }
 # det-local decides these itself: a pool's sbatch_args may not set them
 RESERVED_ARGS = ("--output", "-o", "--requeue", "--no-requeue", "--signal", "--array", "-a")
@@ -49,6 +53,7 @@ class SlurmPool:
     slots_per_node: int = 1
     signal_lead: int = DEFAULT_SIGNAL_LEAD_S
     shared_paths: tuple[str, ...] = ()  # empty: compute nodes see every path this host does
+    submit_retry: int = DEFAULT_SUBMIT_RETRY_S  # seconds sbatch is retried (submitter.py)
 
 
 def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
@@ -86,6 +91,9 @@ def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
     lead = raw.get("signal_lead", DEFAULT_SIGNAL_LEAD_S)
     if isinstance(lead, bool) or not isinstance(lead, int) or not 0 < lead <= 65535:
         raise ConfigError(f"{where}.signal_lead in {source}: expected seconds, 1 to 65535")
+    retry = raw.get("submit_retry", DEFAULT_SUBMIT_RETRY_S)
+    if isinstance(retry, bool) or not isinstance(retry, int) or not 0 <= retry <= 86400:
+        raise ConfigError(f"{where}.submit_retry in {source}: expected seconds, 0 to 86400")
     shared = raw.get("shared_paths") or []
     if not isinstance(shared, list) or not all(
         isinstance(p, str) and p.startswith("/") for p in shared
@@ -107,4 +115,5 @@ def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
         slots_per_node=per_node,
         signal_lead=lead,
         shared_paths=tuple(p.rstrip("/") or "/" for p in shared),
+        submit_retry=retry,
     )
