@@ -428,3 +428,29 @@ def test_a_job_sbatch_made_as_the_daemon_died_is_adopted_by_name(
     assert submissions(dl) == 1 and [r["start"] for r in dl.records()] == [0]
     listed = slurm.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout.split()
     assert set(listed) - set(others) == {made}  # one job for the trial: not submitted again
+
+
+def test_kill_while_slurmctld_is_down_reaches_the_job_once_it_answers(
+    dl: Env, slurm: slurmkit.Slurm
+) -> None:
+    start_daemon(dl, slurm)
+    cfg, ctx = dl.trainer({"batches": 400, "ckpt_every": 50, "delay": 0.2}, HPC)
+    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    wait_for(lambda: dl.store().get_trial(1).steps_completed >= 3, timeout=60, what="batch 3")
+    job = slurm_id(dl, 1)
+    stop_slurmctld(slurm)
+    try:
+        began = time.monotonic()
+        r = dl.det("experiment", "kill", 1)
+        assert r.out.strip() == "experiment 1 killed", r
+        assert time.monotonic() - began < 8  # scancel does not hold the engine's loop
+        # the job runs on under slurmd meanwhile; nothing takes it for ended
+        wait_for(lambda: time.monotonic() - began > 15, timeout=30, what="15 s of outage")
+        assert dl.experiment(1).state == State.STOPPING_CANCELED
+    finally:
+        start_slurmctld(slurm)
+    # scancel, tried again, reaches it once slurmctld answers
+    wait_for(lambda: str(job) not in slurm.queue(), timeout=90, what="the job to be cancelled")
+    wait_for(lambda: dl.experiment(1).state == State.CANCELED, timeout=60, what="CANCELED")
+    assert dl.store().get_trial(1).steps_completed < 400
+    assert job_fields(slurm, job)["JobState"] == "CANCELLED"

@@ -12,8 +12,9 @@
   its exit status. A run that ended for the cluster's reasons (cancelled by someone else, its
   time limit reached before it checkpointed, a node failure, Slurm's preemption) carries
   ``lost``: the engine requeues it from its latest checkpoint without spending max_restarts.
-* signal: SIGTERM/SIGKILL cancel the job (``scancel``; Slurm signals every process of it, then
-  kills them after KillWait); another signal goes to every process of the job.
+* signal: SIGTERM/SIGKILL cancel the job (``scancel``, from a thread, retried while slurmctld
+  is unreachable; Slurm signals every process of it, then kills them after KillWait); another
+  signal goes to every process of the job.
 * adopt: a job Slurm still runs is watched again; a finished one is settled from its state.
 """
 
@@ -178,7 +179,7 @@ class SlurmLauncher:
                 handle.cancelled = True
                 made = handle.submission.cancel()
                 if made:
-                    client.scancel(made)
+                    submitter.cancel(made)
                     self.poller.hurry()
             return
         slurm_id = handle.pid if handle is not None else pid
@@ -187,9 +188,9 @@ class SlurmLauncher:
         if sig in (signals.SIGTERM, signals.SIGKILL):
             if isinstance(handle, SlurmRun):
                 handle.cancelled = True
-            client.scancel(slurm_id)
+            submitter.cancel(slurm_id)  # off the loop; retried while slurmctld is down
         else:
-            client.scancel(slurm_id, signal=signals.Signals(sig).name.removeprefix("SIG"))
+            submitter.cancel(slurm_id, signals.Signals(sig).name.removeprefix("SIG"))
         self.poller.hurry()
 
     def drain(self, handle: RunHandle) -> bool:

@@ -14,6 +14,9 @@ the outcome from the :class:`Submission` on its bounded tick.
 * Any other failure (an invalid partition, a bad option) ends the submission at once, with
   sbatch's own line.
 * After the budget, the last sbatch line, and how long and how often it was tried.
+* ``scancel`` too runs in a thread (:func:`cancel`), tried again the same way while slurmctld
+  is unreachable (for up to an hour), so a kill during an outage reaches the job once Slurm
+  answers, and the engine's loop never waits for it.
 * :meth:`Submission.cancel` (a pause, a kill) stops the retries; a job that sbatch created while
   it was being cancelled is cancelled as soon as its id is known (under one lock, so neither
   side misses it).
@@ -29,6 +32,7 @@ from det_local.errors import TrialError
 from det_local.slurm import client
 
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # then 30 s apart
+CANCEL_RETRY_S = 3600.0  # a kill or pause must reach its job once slurmctld answers again
 
 
 class Submission:
@@ -105,9 +109,35 @@ def _submit(
             keep = sub._submitted(job_id)
             on_job(job_id)  # watched either way: its end is the run's
             if not keep:
-                client.scancel(job_id)  # cancelled while sbatch ran
+                _cancel(job_id, None, CANCEL_RETRY_S)  # cancelled while sbatch ran
             return
     except Exception as err:  # noqa: BLE001 - the run ends with it rather than waiting forever
         sub.error = f"sbatch could not be run: {err}"
     finally:
         sub.done.set()
+
+
+def cancel(job: int, signal: str | None = None, budget_s: float = CANCEL_RETRY_S) -> None:
+    """``scancel [--signal=S] JOB`` from a thread of its own; tried again while slurmctld is
+    unreachable, for at most ``budget_s``; any other failure means the job is gone."""
+    threading.Thread(
+        target=_cancel, args=(job, signal, budget_s), name="slurm-scancel", daemon=True
+    ).start()
+
+
+def _cancel(job: int, signal: str | None, budget_s: float) -> None:
+    argv = ["scancel", *([f"--signal={signal}"] if signal else []), str(job)]
+    began = time.monotonic()
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            client.run(argv)
+            return
+        except client.Unreachable:
+            delay = RETRY_DELAYS_S[min(tries, len(RETRY_DELAYS_S)) - 1]
+            if time.monotonic() - began + delay > budget_s:
+                return
+            time.sleep(delay)
+        except TrialError:
+            return  # already gone
