@@ -454,3 +454,19 @@ def test_kill_while_slurmctld_is_down_reaches_the_job_once_it_answers(
     wait_for(lambda: dl.experiment(1).state == State.CANCELED, timeout=60, what="CANCELED")
     assert dl.store().get_trial(1).steps_completed < 400
     assert job_fields(slurm, job)["JobState"] == "CANCELLED"
+
+
+def test_submit_retry_is_seconds() -> None:
+    from det_local.errors import ConfigError
+    from det_local.slurm.config import parse_slurm_pool
+
+    assert parse_slurm_pool("hpc", {"partition": "debug"}, "d.yaml").submit_retry == 120
+    assert (
+        parse_slurm_pool("hpc", {"partition": "p", "submit_retry": 0}, "d.yaml").submit_retry == 0
+    )
+    for bad in (-1, "2m", True, 86401):
+        with pytest.raises(ConfigError) as err:
+            parse_slurm_pool("hpc", {"partition": "debug", "submit_retry": bad}, "d.yaml")
+        assert str(err.value) == (
+            "resource_pools.hpc.slurm.submit_retry in d.yaml: expected seconds, 0 to 86400"
+        )

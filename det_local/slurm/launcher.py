@@ -221,7 +221,7 @@ class SlurmLauncher:
         self.poller.watch(slurm_id)
         self.poller.refresh()  # at a restart, before the loop runs: now
         st = self.poller.state(slurm_id) or client.JobState("PENDING")
-        run = SlurmRun(job.id, slurm_id, job.pid_start, info)
+        run = SlurmRun(job.id, slurm_id, job.pid_start, info, queued=st.state == "PENDING")
         if not (st.ended or st.state == "GONE"):
             return run
         code = self._settle(run, st)
