@@ -10,7 +10,8 @@ daemon on a temporary home has one Slurm pool (partition debug); in the same run
   (polled in the store every 10 ms), median over --runs; its anchor first_output_sbatch_s:
   `sbatch --wrap` of the same script outside det-local, submission to the line it writes first.
   Target: first_metric_s <= first_output_sbatch_s + 1. sbatch_to_first_metric_s splits off
-  det-local's own submission (CLI, context snapshot, spool): from its sbatch call's return.
+  det-local's own submission (CLI, context snapshot, spool): from its sbatch call (the run's
+  recorded start; sbatch runs in a thread of its own, `det_local/slurm/submitter.py`).
 * pause_to_gone_s: `det-local experiment pause` to the trial's Slurm job gone from squeue, for a
   trial whose batches take batch_s and whose checkpoint takes checkpoint_s (a sleep), median
   over --runs. Target: <= batch_s + checkpoint_s + 2.

@@ -122,16 +122,23 @@ class Pools:
         pool_slots: Callable[[JobRecord], int | None],
         note: Callable[..., None],
     ) -> Launcher:
-        """The launcher the supervisor uses: this machine's, or a router over every pool."""
-        if not self.slurm:
-            return local
+        """The launcher the supervisor uses: a router over this machine's and every pool's
+        (always: a job of a pool removed from daemon.yaml is still routed, never taken for a
+        local process)."""
         from det_local.pools.router import PoolLauncher
+        from det_local.slurm.config import SlurmPool
         from det_local.slurm.launcher import SlurmLauncher
 
         backends: dict[str, Launcher] = {
             name: SlurmLauncher(pool, paths, note, pool_slots) for name, pool in self.slurm.items()
         }
-        return PoolLauncher(local, backends, pool_of)
+
+        def removed(name: str) -> Launcher:
+            """Follows the Slurm jobs of a pool no longer configured, by their ids (enough to
+            watch and scancel them); it submits nothing (the router refuses first)."""
+            return SlurmLauncher(SlurmPool(name, partition="(removed)"), paths, note, pool_slots)
+
+        return PoolLauncher(local, backends, pool_of, removed, note, self.source)
 
 
 def load_pools(path: Path) -> Pools:

@@ -4,6 +4,12 @@ launcher and no pool's details.
 
 A run's pool is its experiment's `resources.resource_pool` (``pool_of``), read when it is
 spawned or adopted; its handle remembers which launcher has it.
+
+A pool removed from daemon.yaml while its jobs ran (the daemon restarted without it): a job it
+had submitted is adopted by its recorded id (``removed(name)``: a launcher that can watch and
+cancel it, not submit) and followed to its end, so the work it does still counts; a run of that
+pool that must start (a new trial, a requeue, an activate) is refused in one line naming the
+missing pool, and the trial ERRORs.
 """
 
 from __future__ import annotations
@@ -22,10 +28,17 @@ class PoolLauncher:
         local: Launcher,
         backends: dict[str, Launcher],
         pool_of: Callable[[JobRecord], str],
+        removed: Callable[[str], Launcher] | None = None,
+        note: Callable[..., None] = lambda *a, **k: None,
+        source: str = "daemon.yaml",
     ) -> None:
         self.local = local
         self.backends = backends
         self.pool_of = pool_of
+        self.removed = removed
+        self.note = note
+        self.source = source
+        self._removed: dict[str, Launcher] = {}  # pool name -> its jobs' launcher, once adopted
         self._owner: dict[int, Launcher] = {}  # job id -> the launcher of its live run
         self._by_pid: dict[int, Launcher] = {}  # a pool's run id (Slurm's job id) -> its pool
 
@@ -38,11 +51,15 @@ class PoolLauncher:
             return self.local
         launcher = self.backends.get(pool)
         if launcher is None:  # daemon.yaml lost the pool while its jobs were queued or ran
-            raise TrialError(
-                f"resource pool '{pool}' is not in daemon.yaml any more; pools: "
-                f"{', '.join(['default', *sorted(self.backends)])}"
-            )
+            raise TrialError(self.missing(pool))
         return launcher
+
+    def missing(self, pool: str) -> str:
+        return (
+            f"resource pool '{pool}' is not in {self.source} any more; pools: "
+            f"{', '.join(['default', *sorted(self.backends)])} (put it back under "
+            "resource_pools: to run there again)"
+        )
 
     def _of(self, handle: RunHandle | None, pid: int | None = None) -> Launcher:
         if handle is None:  # a run not watched: a pool's, by its id there, else this machine's
@@ -55,7 +72,7 @@ class PoolLauncher:
             self._by_pid[handle.pid] = launcher
 
     def _all(self) -> list[Launcher]:
-        return [self.local, *self.backends.values()]
+        return [self.local, *self.backends.values(), *self._removed.values()]
 
     def start(self) -> None:
         for launcher in self._all():
@@ -94,8 +111,21 @@ class PoolLauncher:
     def adopt(self, job: JobRecord) -> RunHandle | Lost:
         try:
             launcher = self._for_job(job)
-        except TrialError as err:  # nothing of it can be looked at: run it again, or refuse
-            return Lost(None, True, str(err))
+        except TrialError as err:
+            pool = self.pool_of(job)
+            if not job.pid or self.removed is None:  # never submitted: queued again, refused
+                return Lost(None, False, str(err))
+            launcher = self._removed.get(pool) or self.removed(pool)
+            if pool not in self._removed:
+                self._removed[pool] = launcher
+                launcher.start()
+            self.note(
+                f"job {job.id}: {self.missing(pool)}; its Slurm job {job.pid} is followed "
+                "to its end by its id, and the trial cannot be queued there again",
+                experiment_id=job.experiment_id,
+                trial_id=job.trial_id,
+                level="WARNING",
+            )
         found = launcher.adopt(job)
         if not isinstance(found, Lost):
             self._own(job.id, launcher, found)

@@ -467,8 +467,8 @@ class Engine:
         """A line in the daemon's log only (job starts and ends: `sched/run/joblog.py`)."""
         self._out(f"det-local: {line}")
 
-    def on_trial_exit(self, run: TrialRun, code: int) -> None:
-        trialexit.trial_exited(self, run, code)
+    def on_trial_exit(self, run: TrialRun, code: int, unstarted: str | None = None) -> None:
+        trialexit.trial_exited(self, run, code, unstarted)
 
     def maybe_finish(self, exp: ExperimentRun) -> None:
         trialexit.finish_if_done(self, exp)

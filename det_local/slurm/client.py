@@ -35,6 +35,27 @@ ENDED = {
     "DEADLINE",
     "OUT_OF_MEMORY",
 }
+# what Slurm's commands say when its controller cannot be reached just now (restarting, a
+# failover, overloaded): worth trying again. Every Slurm error exits 1, so the text decides.
+TRANSIENT = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Resource temporarily unavailable",
+    "temporarily unable to accept job",
+    "Zero Bytes were transmitted or received",
+    "Connection refused",
+    "Connection reset by peer",
+    "Communication connection failure",
+    "Slurm backup controller in standby mode",
+)
+
+
+class Unreachable(TrialError):
+    """Slurm's controller did not answer (one of TRANSIENT, or no answer in TIMEOUT_S)."""
+
+
+def transient(text: str) -> bool:
+    return any(t.lower() in text.lower() for t in TRANSIENT)
 
 
 def tool(name: str) -> str:
@@ -63,7 +84,7 @@ def run(
 ) -> str:
     """Run a Slurm command (as ``uid`` when the daemon is root and it is another user; in
     ``env`` when given, else the daemon's environment); its stdout, or TrialError with its
-    stderr in one line."""
+    stderr in one line (:class:`Unreachable` when the controller did not answer)."""
     argv = [tool(argv[0]), *argv[1:]]
     if uid is not None and os.geteuid() == 0 and uid != 0:
         argv = [tool("runuser"), "-u", pwd.getpwuid(uid).pw_name, "--", *argv]
@@ -78,10 +99,11 @@ def run(
             stdin=None if stdin is not None else subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        raise TrialError(f"{argv[0]} did not answer in {TIMEOUT_S:.0f}s") from None
+        raise Unreachable(f"{argv[0]} did not answer in {TIMEOUT_S:.0f}s") from None
     if done.returncode != 0:
         name = os.path.basename(argv[4] if argv[0].endswith("runuser") else argv[0])
-        raise TrialError(f"{name} failed: {_one_line(done.stderr or done.stdout)}")
+        said = _one_line(done.stderr or done.stdout)
+        raise (Unreachable if transient(said) else TrialError)(f"{name} failed: {said}")
     return done.stdout
 
 
@@ -129,9 +151,12 @@ class JobState:
 
 
 def show_job(job: int) -> JobState | None:
-    """``scontrol show job``: its state and exit code; None when Slurm has forgotten it."""
+    """``scontrol show job``: its state and exit code; None when Slurm has forgotten it
+    (:class:`Unreachable` when Slurm cannot say)."""
     try:
         out = run(["scontrol", "show", "job", "-o", str(job)])
+    except Unreachable:
+        raise
     except TrialError:
         return None
     fields = dict(
@@ -154,6 +179,7 @@ class Poller:
     own (``start``), so the engine's event loop never waits for Slurm: ``state`` is a read."""
 
     def __init__(self) -> None:
+        self.down: str | None = None  # why Slurm's controller did not answer, while it does not
         self.states: dict[int, JobState] = {}
         self.interval = POLL_MIN_S
         self._lock = threading.Lock()
@@ -217,6 +243,9 @@ class Poller:
             out = run(
                 ["squeue", "-h", "-t", "all", "-j", ",".join(map(str, live)), "-o", "%i|%T|%r"]
             )
+        except Unreachable as err:  # nothing learnt: every job keeps its last known state
+            self._unreachable(err)
+            return
         except TrialError:
             out = ""  # every id unknown (squeue fails then): each is looked up below
         seen: dict[int, tuple[str, str]] = {}
@@ -230,7 +259,11 @@ class Poller:
             if state and state not in ENDED:
                 new = JobState(state, None, reason)
             else:
-                shown = show_job(job)  # ended, or forgotten: its exit code
+                try:
+                    shown = show_job(job)  # ended, or forgotten: its exit code
+                except Unreachable as err:
+                    self._unreachable(err)
+                    return
                 if shown is None:
                     new = JobState("GONE", None, "Slurm no longer knows the job")
                 elif not shown.ended:
@@ -242,4 +275,12 @@ class Poller:
                     continue  # forgotten meanwhile
                 changed = changed or self.states[job].state != new.state
                 self.states[job] = new
+        self.down = None
         self.interval = POLL_MIN_S if changed else min(self.interval * 2, POLL_MAX_S)
+
+    def _unreachable(self, err: TrialError) -> None:
+        """squeue or scontrol could not reach slurmctld: no job is taken for ended (Slurm
+        still runs them), and Slurm is asked again after POLL_MAX_S (the launcher says so in
+        the daemon's log, from the engine's loop)."""
+        self.down = str(err)
+        self.interval = POLL_MAX_S

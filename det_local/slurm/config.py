@@ -15,6 +15,8 @@ resource_pools:
       shared_paths: [/scratch, /home]  # what the compute nodes mount (default: all of it)
       channel: {listen: 0.0.0.0:7461, advertise: login01}  # other hosts: slurm/remote.py
       stage_dir: /shared/det-local     # runs' context, log and info files (slurm/stage.py)
+      submit_retry: 120                # seconds a trial's sbatch is tried again while
+                                       # slurmctld is unreachable (0: never)
 ```
 """
 
@@ -27,6 +29,7 @@ from det_local.errors import ConfigError
 from det_local.slurm.remote import Channel, parse_channel, parse_stage_dir
 
 DEFAULT_SIGNAL_LEAD_S = 120
+DEFAULT_SUBMIT_RETRY_S = 120
 _KEYS = {
     "partition",
     "sbatch_args",
@@ -38,6 +41,7 @@ _KEYS = {
     "shared_paths",
     "channel",
     "stage_dir",
+    "submit_retry",
 }
 # det-local decides these itself: a pool's sbatch_args may not set them
 RESERVED_ARGS = ("--output", "-o", "--requeue", "--no-requeue", "--signal", "--array", "-a")
@@ -56,6 +60,7 @@ class SlurmPool:
     shared_paths: tuple[str, ...] = ()  # empty: compute nodes see every path this host does
     channel: Channel | None = None  # trials report over TCP (slurm/remote.py)
     stage_dir: str | None = None  # runs' context, log and info files there (slurm/stage.py)
+    submit_retry: int = DEFAULT_SUBMIT_RETRY_S  # seconds sbatch is retried (submitter.py)
 
 
 def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
@@ -93,6 +98,9 @@ def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
     lead = raw.get("signal_lead", DEFAULT_SIGNAL_LEAD_S)
     if isinstance(lead, bool) or not isinstance(lead, int) or not 0 < lead <= 65535:
         raise ConfigError(f"{where}.signal_lead in {source}: expected seconds, 1 to 65535")
+    retry = raw.get("submit_retry", DEFAULT_SUBMIT_RETRY_S)
+    if isinstance(retry, bool) or not isinstance(retry, int) or not 0 <= retry <= 86400:
+        raise ConfigError(f"{where}.submit_retry in {source}: expected seconds, 0 to 86400")
     shared = raw.get("shared_paths") or []
     if not isinstance(shared, list) or not all(
         isinstance(p, str) and p.startswith("/") for p in shared
@@ -116,4 +124,5 @@ def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
         shared_paths=tuple(p.rstrip("/") or "/" for p in shared),
         channel=parse_channel(where, raw.get("channel"), source),
         stage_dir=parse_stage_dir(where, raw.get("stage_dir"), source),
+        submit_retry=retry,
     )

@@ -1,14 +1,20 @@
 """A Slurm pool's launcher: each trial run is one batch job (`sched/run/launcher.py`'s rules).
 
-* spawn: the plan's batch script (`script.py`) goes to ``sbatch`` as the run's user; the Slurm
-  job id is the run's "pid" (recorded in the job's pid column at once; its start time is the
-  submission's), so a restarted daemon finds the job again.
+* spawn: the plan's batch script (`script.py`) goes to ``sbatch`` as the run's user, from a
+  thread of its own, tried again while Slurm's controller is unreachable (`submitter.py`); the
+  Slurm job id is the run's "pid" (0 until sbatch answered; the supervisor records it in the
+  job's pid column as soon as it is known), so a restarted daemon finds the job again. A
+  submission Slurm refused ends the run as ``unstarted`` with sbatch's line (the trial ERRORs,
+  no restart spent).
+* queued: a run whose job has not started (being submitted, or PENDING in Slurm) has no process
+  to ask for a checkpoint: a pause or preemption cancels it at once (the engine asks).
 * poll: the job's state from the pool's batched poller (`client.Poller`); once it has ended,
   its exit status. A run that ended for the cluster's reasons (cancelled by someone else, its
   time limit reached before it checkpointed, a node failure, Slurm's preemption) carries
   ``lost``: the engine requeues it from its latest checkpoint without spending max_restarts.
-* signal: SIGTERM/SIGKILL cancel the job (``scancel``; Slurm signals every process of it, then
-  kills them after KillWait); another signal goes to every process of the job.
+* signal: SIGTERM/SIGKILL cancel the job (``scancel``, from a thread, retried while slurmctld
+  is unreachable; Slurm signals every process of it, then kills them after KillWait); another
+  signal goes to every process of the job.
 * adopt: a job Slurm still runs is watched again; a finished one is settled from its state.
 """
 
@@ -23,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from det_local.errors import TrialError
 from det_local.sched.run import userfiles
 from det_local.sched.run.launcher import Lost, RunHandle
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.slurm import client, stage
+from det_local.slurm import client, stage, submitter
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
 from det_local.store.paths import Paths
@@ -52,6 +59,9 @@ class SlurmRun:
     problem: str | None = None
     lost: str | None = None  # why the run ended that is not the trial's doing
     cancelled: bool = False  # det-local cancelled it (kill, or a preemption that timed out)
+    submission: submitter.Submission | None = None  # its sbatch, until Slurm gave the job id
+    queued: bool = True  # not started yet: being submitted, or PENDING in Slurm
+    unstarted: str | None = None  # Slurm refused it (sbatch's line): it never ran
 
 
 def slots_of(plan: LaunchPlan) -> int:
@@ -76,6 +86,7 @@ class SlurmLauncher:
         self.pool_slots = pool_slots  # a command's slots (a trial's are in its config)
         self.poller = client.Poller()
         self.pump = stage.LogPump()  # staged logs into the runs' own (slurm.stage_dir)
+        self._down: str | None = None  # the poller's last "controller unreachable", said once
 
     def start(self) -> None:
         self.poller.start()
@@ -104,12 +115,13 @@ class SlurmLauncher:
         if self.pool.stage_dir is not None:  # the compute node sees the shared FS only
             stage.stage_run(plan, staged, userfiles.owner_of(plan))
         env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
-        slurm_id = client.sbatch(script, plan.uid, client.job_env(env))
-        self.poller.watch(slurm_id)
+        sub = submitter.submit(
+            script, plan.uid, client.job_env(env), self.pool.submit_retry, self.poller.watch
+        )
         if self.pool.stage_dir is not None:
             root = Path(staged.log_path).parent
             self.pump.add(job.id, root, log, plan.info_dir, userfiles.owner_of(plan))
-        return SlurmRun(job.id, slurm_id, time.time(), staged.info_dir)
+        return SlurmRun(job.id, 0, time.time(), staged.info_dir, submission=sub)
 
     # ------------------------------------------------------------------ rules 3, 4, 5
     def wait_fd(self, handle: RunHandle) -> int | None:
@@ -117,12 +129,42 @@ class SlurmLauncher:
 
     def poll(self, handle: RunHandle) -> int | None:
         assert isinstance(handle, SlurmRun)
+        self._say_down()
+        sub = handle.submission
+        if not handle.pid and sub is not None:
+            if not sub.done.is_set():
+                return None  # sbatch runs (or waits to be tried again)
+            if sub.job_id is None:  # never became a job
+                self.pump.finish(handle.job_id)  # a staged directory goes too
+                if sub.cancelled:
+                    return -signals.SIGTERM
+                handle.unstarted = sub.error or "sbatch gave no job id"
+                return 1
+            handle.pid = sub.job_id  # the supervisor records it
         st = self.poller.state(handle.pid)
+        handle.queued = st is None or st.state == "PENDING"
         if st is None or not (st.ended or st.state == "GONE"):
             return None
         code = self._settle(handle, st)
         self.pump.finish(handle.job_id)  # its log whole before its exit is handled
         return code
+
+    def _say_down(self) -> None:
+        """The daemon's log says once when squeue stops answering, and once when it is back
+        (from the engine's loop; the poller's thread only records it)."""
+        down = self.poller.down
+        if (down is None) == (self._down is None):
+            return
+        self._down = down
+        if down is not None:
+            self.note(
+                f"Slurm pool '{self.pool.name}': Slurm's controller is unreachable ({down}); "
+                f"its jobs keep their last known state (none is taken for lost) and Slurm is "
+                f"asked again every {client.POLL_MAX_S:.0f}s",
+                level="WARNING",
+            )
+        else:
+            self.note(f"Slurm pool '{self.pool.name}': Slurm's controller answers again")
 
     def _settle(self, run: SlurmRun, st: client.JobState) -> int:
         code = st.code
@@ -142,15 +184,24 @@ class SlurmLauncher:
         return 0 if code is None else code
 
     def signal(self, handle: RunHandle | None, pid: int | None, sig: int) -> None:
+        if isinstance(handle, SlurmRun) and not handle.pid and handle.submission is not None:
+            # still being submitted: no more tries; a job sbatch made meanwhile is cancelled
+            if sig in (signals.SIGTERM, signals.SIGKILL):
+                handle.cancelled = True
+                made = handle.submission.cancel()
+                if made:
+                    submitter.cancel(made)
+                    self.poller.hurry()
+            return
         slurm_id = handle.pid if handle is not None else pid
         if not slurm_id:
             return
         if sig in (signals.SIGTERM, signals.SIGKILL):
             if isinstance(handle, SlurmRun):
                 handle.cancelled = True
-            client.scancel(slurm_id)
+            submitter.cancel(slurm_id)  # off the loop; retried while slurmctld is down
         else:
-            client.scancel(slurm_id, signal=signals.Signals(sig).name.removeprefix("SIG"))
+            submitter.cancel(slurm_id, signals.Signals(sig).name.removeprefix("SIG"))
         self.poller.hurry()
 
     def drain(self, handle: RunHandle) -> bool:
@@ -163,7 +214,7 @@ class SlurmLauncher:
         return []  # none on this machine
 
     def where(self, handle: RunHandle) -> str:
-        return f"Slurm job {handle.pid}"
+        return f"Slurm job {handle.pid}" if handle.pid else "its Slurm submission"
 
     # ------------------------------------------------------------------ rule 6
     def run_key(self, job: JobRecord) -> str:
@@ -175,9 +226,9 @@ class SlurmLauncher:
             if job.trial_id is None
             else self.paths.trial_info_dir(job.experiment_id or 0, job.trial_id, job.run_id)
         )
-        slurm_id = job.pid
+        slurm_id = job.pid or self._submitted_unrecorded(job, info)
         if not slurm_id:
-            return Lost(None, False)  # allocated; never submitted (sbatch answers at once)
+            return Lost(None, False)  # allocated; never submitted
         self.poller.watch(slurm_id)
         self.poller.refresh()  # at a restart, before the loop runs: now
         st = self.poller.state(slurm_id) or client.JobState("PENDING")
@@ -191,7 +242,7 @@ class SlurmLauncher:
                 else self.paths.trial_log(job.experiment_id or 0, job.trial_id)
             )
             self.pump.add(job.id, root, log, info, stage.owner_of_job(job.uid, job.umask))
-        run = SlurmRun(job.id, slurm_id, job.pid_start, staged_info)
+        run = SlurmRun(job.id, slurm_id, job.pid_start, staged_info, queued=st.state == "PENDING")
         if not (st.ended or st.state == "GONE"):
             return run
         code = self._settle(run, st)
@@ -202,6 +253,30 @@ class SlurmLauncher:
         return Lost(
             None if run.lost else code, True, run.lost and f"Slurm job {slurm_id} {run.lost}"
         )
+
+    def _submitted_unrecorded(self, job: JobRecord, info: str) -> int:
+        """The engine stopped while the run's sbatch ran (or was being tried again): the job
+        Slurm made of it, found by its name and its output file in this home (so another
+        det-local's job of the same name is never taken); 0 when there is none."""
+        if job.trial_id is None:
+            name = f"det-local_cmd{job.id}"
+        else:
+            name = f"det-local_e{job.experiment_id}_t{job.trial_id}_r{job.run_id}"
+        # its output file: in this home, or in its staged directory (slurm.stage_dir)
+        where = (
+            f"{self.paths.home}/"
+            if self.pool.stage_dir is None
+            else f"{stage.root_of(self.pool, info)}/"
+        )
+        try:
+            ids = client.run(["squeue", "-h", "-n", name, "-o", "%i"]).split()
+            for text in ids:
+                out = client.run(["scontrol", "show", "job", "-o", text])
+                if f"StdOut={where}" in out and text.isdigit():
+                    return int(text)
+        except TrialError:
+            pass  # not known now: the run is queued again
+        return 0
 
     def cleanup(self, live: set[str]) -> None:
         pass

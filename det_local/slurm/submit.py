@@ -7,6 +7,8 @@ run there is refused in one line at once, not after it waited in Slurm's queue:
   (``shared_paths``; unset: every path);
 * Slurm would accept the job: ``sbatch --test-only`` with the pool's partition, account, qos,
   gres and sbatch_args (a partition Slurm does not have is Slurm's own error, in one line).
+  When Slurm's controller does not answer just then, the check is skipped: the trial's own
+  submission is tried again (`submitter.py`) and says what Slurm refused, if anything.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def check_slurm(pool: SlurmPool, slots: int, field: str = "resources.resource_po
     ]
     try:
         client.run(argv)
+    except client.Unreachable:
+        return  # slurmctld does not answer just now: the trial's own sbatch is tried again
     except TrialError as err:
         raise ConfigError(
             f"{field}: {where} (partition {pool.partition}): Slurm refuses its "

@@ -23,6 +23,29 @@ class ChangesHost(unmanaged.UnmanagedHost, Protocol):
 
     def maybe_finish(self, exp: ExperimentRun) -> None: ...
 
+    @property
+    def supervisor(self) -> _Queued: ...
+
+
+class _Queued(Protocol):
+    def queued(self, job_id: int) -> str | None: ...
+
+
+def cancel_if_queued(engine: ChangesHost, run: TrialRun) -> bool:
+    """A run still waiting in its pool's queue (a Slurm job PENDING, or its sbatch being tried
+    again) has no process to ask for a checkpoint: it is cancelled now, not after
+    preemption_timeout. False when it runs (or may: a trial connected)."""
+    where = None if run.writers else engine.supervisor.queued(run.job_id)
+    if where is None:
+        return False
+    engine.note(
+        f"trial {run.trial_id}: {where} has not started yet: cancelled now (nothing to checkpoint)",
+        experiment_id=run.experiment_id,
+        trial_id=run.trial_id,
+    )
+    engine.trial_jobs.terminate(run)
+    return True
+
 
 def pause(engine: ChangesHost, experiment_id: int) -> str:
     unmanaged.refuse_control(engine, experiment_id, "pause")
@@ -47,7 +70,8 @@ def pause(engine: ChangesHost, experiment_id: int) -> str:
     if runs:
         set_stopping(exp, Stopping.PAUSE)
         for r in runs:
-            engine.trial_jobs.preempt(r, exp)
+            if not cancel_if_queued(engine, r):
+                engine.trial_jobs.preempt(r, exp)
     engine.note(
         f"experiment {experiment_id} pausing: trials checkpoint and stop"
         if runs

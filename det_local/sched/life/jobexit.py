@@ -31,7 +31,7 @@ class JobExitHost(Protocol):
 
     def journal(self, line: str) -> None: ...
 
-    def on_trial_exit(self, run: TrialRun, code: int) -> None: ...
+    def on_trial_exit(self, run: TrialRun, code: int, unstarted: str | None = None) -> None: ...
 
 
 def on_job_exit(host: JobExitHost, ended: Exit) -> None:
@@ -71,7 +71,7 @@ def _job_exited(host: JobExitHost, job: JobRecord, ended: Exit) -> bool:
                 run.trial_id, "the cluster was off while its ranks ran on other machines"
             )
         if run is not None:
-            host.on_trial_exit(run, ended.code)
+            host.on_trial_exit(run, ended.code, ended.unstarted)
     else:
-        host.commands.on_exit(job, ended.code, ended.problem)
+        host.commands.on_exit(job, ended.code, ended.problem or ended.unstarted)
     return True

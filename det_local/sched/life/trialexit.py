@@ -49,14 +49,26 @@ class TrialExitHost(Notes, Protocol):
     def experiment_stopped(self, experiment_id: int) -> None: ...
 
 
-def trial_exited(engine: TrialExitHost, run: TrialRun, code: int) -> None:
-    """The trial's process group is gone (reaped by the queue): decide what it means."""
+def trial_exited(
+    engine: TrialExitHost, run: TrialRun, code: int, unstarted: str | None = None
+) -> None:
+    """The trial's process group is gone (reaped by the queue): decide what it means.
+    ``unstarted``: its pool refused the run (why, in one line): it never ran."""
     for t in run.timers:
         t.cancel()
     for w in run.writers:
         w.close()
     engine.runs.pop(run.trial_id, None)
     exp = engine.experiments[run.experiment_id]
+    if unstarted is not None:  # e.g. sbatch refused it: ERROR at once, no restart spent
+        msg = f"trial {run.trial_id}: {unstarted}"
+        engine.queue.finish_trial_job(run.trial_id, None, msg)
+        engine.store.set_trial_state(run.trial_id, State.ERROR, msg)
+        engine.note(msg, experiment_id=exp.id, trial_id=run.trial_id, level="ERROR")
+        engine.apply(exp, exp.searcher.on_trial_exited_early(run.request_id, "ERRORED"))
+        finish_if_done(engine, exp)
+        engine.check_idle()
+        return
     trial = engine.store.get_trial(run.trial_id)
     max_restarts = int(exp.config.max_restarts)
     lost = engine.gangs.peer_lost.pop(run.trial_id, None)

@@ -34,6 +34,7 @@ class Exit:
     code: int
     problem: str | None
     lost: str | None = None  # the run ended for its pool's reasons, not the trial's
+    unstarted: str | None = None  # its pool refused it (why, in one line): it never ran
 
 
 class Supervisor:
@@ -55,6 +56,7 @@ class Supervisor:
         self.on_exit = on_exit
         self.journal = journal
         self.procs: dict[int, RunHandle] = {}  # job id -> live run
+        self._pids: dict[int, int] = {}  # job id -> the pid recorded for its run
         self.kill_grace = KILL_GRACE
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -82,6 +84,7 @@ class Supervisor:
 
     def _watch(self, proc: RunHandle) -> None:
         self.procs[proc.job_id] = proc
+        self._pids[proc.job_id] = proc.pid
         assert self.loop is not None
         fd = self.launcher.wait_fd(proc)
         if fd is not None:
@@ -93,7 +96,11 @@ class Supervisor:
         proc = self.procs.get(job_id)
         if proc is None:
             return
-        if self.launcher.poll(proc) is not None:
+        code = self.launcher.poll(proc)
+        if proc.pid != self._pids.get(job_id):  # known only now (a pool's queued submission)
+            self._pids[job_id] = proc.pid
+            self.jobs.set_process(job_id, proc.pid, proc.started or time.time())
+        if code is not None:
             self._on_leader_exit(job_id)
         else:
             assert self.loop is not None
@@ -132,10 +139,19 @@ class Supervisor:
             self.loop.call_later(delay, self._reap, job_id, since, min(delay * 2, DRAIN_TICK_S[1]))
             return
         del self.procs[job_id]
+        self._pids.pop(job_id, None)
         self.launcher.release(proc)
         if proc.problem is not None:
             self.note(f"job {job_id}: {proc.problem}", level="WARNING")
-        self.on_exit(Exit(job_id, proc.code, proc.problem, getattr(proc, "lost", None)))
+        self.on_exit(
+            Exit(
+                job_id,
+                proc.code,
+                proc.problem,
+                getattr(proc, "lost", None),
+                getattr(proc, "unstarted", None),
+            )
+        )
 
     # ------------------------------------------------------------------ signals
     def signal(self, job_id: int, pid: int | None, sig: int) -> None:
@@ -145,8 +161,8 @@ class Supervisor:
     def terminate(self, job_id: int, pid: int | None) -> None:
         """SIGTERM the job (its cgroup, else its group), then SIGKILL after the grace period
         if it is still there."""
-        if not pid:  # None, or 0: a run without a process (a gang owner that runs no ranks)
-            return
+        if not pid and job_id not in self.procs:
+            return  # None, or 0: a run without a process (a gang owner that runs no ranks)
         self.signal(job_id, pid, signal.SIGTERM)
         assert self.loop is not None
 
@@ -156,6 +172,14 @@ class Supervisor:
                 self.launcher.signal(proc, pid, signal.SIGKILL)
 
         self.loop.call_later(self.kill_grace, finish)
+
+    def queued(self, job_id: int) -> str | None:
+        """Where the job's run waits when it has not started yet (a pool's job still in its
+        queue: nothing there to checkpoint); None when it runs, or is not watched."""
+        proc = self.procs.get(job_id)
+        if proc is None or not getattr(proc, "queued", False):
+            return None
+        return self.launcher.where(proc)
 
     # ------------------------------------------------------------------ restart
     def adopt(self, job: JobRecord) -> tuple[JobRecord, RunHandle | Lost]:
