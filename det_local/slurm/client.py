@@ -81,6 +81,7 @@ def run(
     stdin: str | None = None,
     uid: int | None = None,
     env: dict[str, str] | None = None,
+    timeout: float = TIMEOUT_S,
 ) -> str:
     """Run a Slurm command (as ``uid`` when the daemon is root and it is another user; in
     ``env`` when given, else the daemon's environment); its stdout, or TrialError with its
@@ -95,11 +96,11 @@ def run(
             env=env,
             capture_output=True,
             text=True,
-            timeout=TIMEOUT_S,
+            timeout=timeout,
             stdin=None if stdin is not None else subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        raise Unreachable(f"{argv[0]} did not answer in {TIMEOUT_S:.0f}s") from None
+        raise Unreachable(f"{argv[0]} did not answer in {timeout:.0f}s") from None
     if done.returncode != 0:
         name = os.path.basename(argv[4] if argv[0].endswith("runuser") else argv[0])
         said = _one_line(done.stderr or done.stdout)

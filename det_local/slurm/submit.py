@@ -7,7 +7,8 @@ run there is refused in one line at once, not after it waited in Slurm's queue:
   (``shared_paths``; unset: every path);
 * Slurm would accept the job: ``sbatch --test-only`` with the pool's partition, account, qos,
   gres and sbatch_args (a partition Slurm does not have is Slurm's own error, in one line).
-  When Slurm's controller does not answer just then, the check is skipped: the trial's own
+  When Slurm's controller does not answer just then (within CHECK_TIMEOUT_S: the check runs in
+  the request's handler, on the engine's loop), the check is skipped: the trial's own
   submission is tried again (`submitter.py`) and says what Slurm refused, if anything.
 """
 
@@ -20,6 +21,8 @@ from det_local.errors import ConfigError, TrialError
 from det_local.slurm import client
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape
+
+CHECK_TIMEOUT_S = 3.0  # `sbatch --test-only` at submission: a live controller answers in ms
 
 
 def _under(path: Path, roots: tuple[str, ...]) -> bool:
@@ -87,7 +90,9 @@ def check_slurm(pool: SlurmPool, slots: int, field: str = "resources.resource_po
         "--wrap=true",
     ]
     try:
-        client.run(argv)
+        # on the engine's loop (a request handler): bounded short; a controller that does not
+        # answer in time (sbatch itself tries ~9 s) is skipped, as when it is down
+        client.run(argv, timeout=CHECK_TIMEOUT_S)
     except client.Unreachable:
         return  # slurmctld does not answer just now: the trial's own sbatch is tried again
     except TrialError as err:
