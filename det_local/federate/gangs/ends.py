@@ -90,13 +90,14 @@ class Ends:
     def _seen(self, og: OwnerGang) -> list[Seen]:
         now = time.monotonic()
         seen = []
-        for node in og.shares:
+        for node, s in og.shares.items():
             peer = self.book.fed.peers.get(node)
             if peer is None:
                 seen.append(Seen(node, "gone", 0.0, False))
                 continue
             linked = peer.link is not None and not peer.link.closed
-            seen.append(Seen(node, peer_state(peer, now), peer.last_heard, linked))
+            asked = s.asked if not s.confirmed and not s.exited else None
+            seen.append(Seen(node, peer_state(peer, now), peer.last_heard, linked, asked))
         return seen
 
     def on_member_exit(self, node: str, msg: dict[str, Any]) -> None:

@@ -159,6 +159,7 @@ class Faults:
             s = og.shares.get(node)
             if s is not None and og.state != "reserving" and not s.exited:
                 s.confirmed = False  # until it says it still runs (a restart may have lost it)
+                s.asked = time.monotonic()  # a failure's verdict waits for the answer
                 book.fed.spawn(self._confirm(og, s))
         for mg in list(book.members.values()):
             if mg.owner == node and mg.backlog:
@@ -175,7 +176,7 @@ class Faults:
             return
         state = value.get("state") if isinstance(value, dict) else None
         if state == "running":
-            s.confirmed = True
+            s.confirmed, s.asked = True, None
         elif state == "ended":
             code = value.get("code")
             code = int(code) if isinstance(code, int) and -255 <= code <= 255 else 1

@@ -43,6 +43,7 @@ class Share:
     exited: bool = False
     code: int | None = None
     confirmed: bool = True  # False after this daemon restarted, until its node says it runs
+    asked: float | None = None  # since when its node (back again) is asked whether it runs
 
 
 @dataclass
