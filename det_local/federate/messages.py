@@ -1,6 +1,6 @@
 """What a link's messages do: each kind a peer sends, checked by its schema
 (`schema.check`), goes through a table to its handler (`PEER_HANDLERS` for the link's own
-kinds, `GANG_HANDLERS` for placement, launch, relay and faults in `federate/gangs.py`); and the
+kinds, `GANG_HANDLERS` for placement, launch, relay and faults in `federate/gangs/`); and the
 queries peers ask of this node (`answer`). A request is answered with reply{id, value} or
 reply{id, error: one line}."""
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from det_local.errors import DetLocalError
 from det_local.federate import schema
-from det_local.federate.gangs import Gangs
+from det_local.federate.gangs.placer import Gangs
 from det_local.federate.lending import LendRefused
 from det_local.federate.peers import Link, Peer
 from det_local.federate.ratelog import RateLog
@@ -89,14 +89,14 @@ class Messages:
             self.fed.view.log(f"federation: {peer.node} refused a message: {msg['error']}")
 
     def gang(self, peer: Peer, link: Link, msg: dict[str, Any]) -> None:
-        """A placement, launch, relay or fault message (federate/gangs.py); a request is
+        """A placement, launch, relay or fault message (federate/gangs/); a request is
         answered with reply{id, value} or reply{id, error: one line}."""
         g = self.fed.gangs
         kind, node = msg["t"], peer.node
         rid = msg.get("id")
         try:
             if kind == "relay":
-                answer = g.on_relay(node, msg)
+                answer = g.frames.on_relay(node, msg)
                 if answer is not None:
                     link.session.send_now(answer)
                 return
@@ -130,7 +130,7 @@ class Messages:
         reply: dict[str, Any] = {"t": "reply", "id": msg.get("id", 0)}
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, self.fed.gangs.on_blob, link.node, msg
+                None, self.fed.gangs.members.on_blob, link.node, msg
             )
             reply["value"] = True
         except DetLocalError as err:
@@ -168,25 +168,22 @@ PEER_HANDLERS: dict[str, PeerHandler] = {
 }
 
 
-def _ready(g: Gangs, node: str, msg: dict[str, Any]) -> None:
-    problem = g.on_ready(node, msg)
-    if problem is not None:
-        raise DetLocalError(problem)
+GangHandler = Callable[[Gangs, str, dict[str, Any]], Any]
 
-
-# a gang message kind (schema.GANG_SCHEMAS; relay is answered apart) -> its handler in
-# federate/gangs.py, given the sending node; what it returns is the reply's value
-GANG_HANDLERS: dict[str, Callable[[Gangs, str, dict[str, Any]], Any]] = {
-    "has": lambda g, node, msg: g.on_has(msg),
-    "blob": Gangs.on_blob,
-    "reserve": Gangs.on_reserve,
-    "ready": _ready,
-    "commit": Gangs.on_commit,
-    "abort": Gangs.on_abort,
-    "share": Gangs.on_share,
-    "wounded": Gangs.on_wounded,
-    "yield": Gangs.on_yield,
-    "member_exit": Gangs.on_member_exit,
-    "down": Gangs.on_down,
-    "log": Gangs.on_log,
+# a gang message kind (schema.GANG_SCHEMAS; relay is answered apart) -> its handler in the
+# concern of federate/gangs/ it belongs to, given the sending node; what it returns is the
+# reply's value
+GANG_HANDLERS: dict[str, GangHandler] = {
+    "has": lambda g, node, msg: g.members.on_has(msg),
+    "blob": lambda g, node, msg: g.members.on_blob(node, msg),
+    "reserve": lambda g, node, msg: g.members.on_reserve(node, msg),
+    "ready": lambda g, node, msg: g.placement.on_ready(node, msg),
+    "commit": lambda g, node, msg: g.members.on_commit(node, msg),
+    "abort": lambda g, node, msg: g.members.on_abort(node, msg),
+    "share": lambda g, node, msg: g.members.on_share(node, msg),
+    "wounded": lambda g, node, msg: g.placement.on_wounded(node, msg),
+    "yield": lambda g, node, msg: g.ends.on_yield(node, msg),
+    "member_exit": lambda g, node, msg: g.ends.on_member_exit(node, msg),
+    "down": lambda g, node, msg: g.frames.on_down(node, msg),
+    "log": lambda g, node, msg: g.frames.on_log(node, msg),
 }

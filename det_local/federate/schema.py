@@ -93,7 +93,7 @@ SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
 
 
 # ---------------------------------------------------------------------- gangs across machines
-# (federate/gangs.py): placement, launch, relay, faults. `gang` is "<owner node>:<job id>",
+# (federate/gangs/): placement, launch, relay, faults. `gang` is "<owner node>:<job id>",
 # `run` the owner's run id of the trial (it fences stale messages).
 MAX_CONFIG_KEYS = 200
 

@@ -25,7 +25,7 @@ from typing import Any
 from det_local.errors import DetLocalError
 from det_local.federate import schema
 from det_local.federate.admission import FIRST_FRAME_S, Admission, GossipFilter
-from det_local.federate.gangs import Gangs
+from det_local.federate.gangs.placer import Gangs
 from det_local.federate.keys import KeyError_, read_key
 from det_local.federate.lending import LendPolicy, uid_range
 from det_local.federate.localsocket import ClusterSocket

@@ -7,6 +7,10 @@ So a non-zero exit is not decided at once: it waits until every other machine of
 been heard from `CONFIRM_S` after the first failure (it is alive: the ranks failed), or one of
 them is dead (a machine was lost: requeue, not counted toward `max_restarts`). The wait is
 bounded by the heartbeats' death time (`peers.DEAD_S`): a machine silent that long is dead.
+
+A machine that came back (its link up again) while the gang's failure waits is alive, but its
+ranks may have died with its daemon: while the owner asks it whether its share still runs
+(`asked`, at most ANSWER_S), the verdict waits for that answer instead of calling it a failure.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from dataclasses import dataclass
 from det_local.federate.peers import DEAD_S
 
 CONFIRM_S = 1.0  # a machine heard from this long after the gang's first failure is alive
+# how long a machine that came back gets to say whether its share still runs (longer than a
+# request's wait for its answer, federate/gangs/state.REQUEST_S)
+ANSWER_S = 12.0
 
 
 class Verdict(enum.Enum):
@@ -33,6 +40,7 @@ class Seen:
     state: str  # peers.peer_state: alive, suspect, dead (or "gone": no such peer)
     last_heard: float  # time.monotonic() of its last message
     linked: bool  # its link is open
+    asked: float | None = None  # since when it is asked whether its share runs (it came back)
 
 
 def failed_gang(failed_at: float, now: float, machines: list[Seen]) -> tuple[Verdict, str]:
@@ -41,6 +49,8 @@ def failed_gang(failed_at: float, now: float, machines: list[Seen]) -> tuple[Ver
     for m in machines:
         if m.state in ("dead", "gone"):
             return Verdict.LOST, m.node
+    if any(m.asked is not None and now - m.asked < ANSWER_S for m in machines):
+        return Verdict.WAIT, ""  # a machine came back: did its ranks survive its restart?
     if all(m.linked and m.last_heard >= failed_at + CONFIRM_S for m in machines):
         return Verdict.FAILED, ""
     if now - failed_at > DEAD_S + CONFIRM_S + 1.0:  # no heartbeat logic can leave it open

@@ -178,7 +178,7 @@ class EngineView:
         return self._engine.kill_job(job.id)
 
     # ------------------------------------------------------------------ gangs across machines
-    # (the seam `federate/gangs.py` places trials through; see `sched/gangs.py`): changes,
+    # (the seam `federate/gangs/` places trials through; see `sched/gangs.py`): changes,
     # except the reads job, active_jobs, member_jobs, held_back, gang_spec, command_spec,
     # context_of, resume_point, trial_run and the check_* methods
     @property

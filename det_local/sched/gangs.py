@@ -1,4 +1,4 @@
-"""A trial across machines, as this node's engine sees it (`federate/gangs.py` is the cluster's
+"""A trial across machines, as this node's engine sees it (`federate/gangs/` is the cluster's
 half: placement, the peer messages, faults).
 
 * **Owner** (the node the experiment was submitted to): a trial whose `slots_per_trial` is more

@@ -1,5 +1,5 @@
 """The seam of a trial across machines: what the engine's half (`sched/gangs.py`) and the
-cluster's half (`federate/gangs.py`) share. `Placer` is what the engine asks of the cluster;
+cluster's half (`federate/gangs/`) share. `Placer` is what the engine asks of the cluster;
 `GangHost` is what gang shares use of the engine, `GangTrials` of trials as jobs
 (`sched/life/trialjobs.py`), `GangSessions` of trial sessions (`sched/sessions/host.py`);
 `GangFit` is a placement; the keys name a gang, a run and a share in both halves; `REATTACH_S`
@@ -43,7 +43,7 @@ class GangFit:
 
 
 class Placer(Protocol):
-    """The cluster's half (federate/gangs.py), as the engine calls it."""
+    """The cluster's half (federate/gangs/), as the engine calls it."""
 
     def fit(self, slots: int) -> GangFit:
         """Where a gang of this size fits now; DetLocalError (one line) when no set of live

@@ -137,7 +137,7 @@ def _settle_lost(engine: Restarting, job: JobRecord, lost: Lost) -> None:
     if job.kind == JobKind.MEMBER:
         engine.store.jobs.finish(job.id, lost.code, "its ranks ended while the daemon was down")
         # a machine that died and came back is a lost machine for the gang's owner, never a
-        # failed trial: its ranks went with the daemon (federate/gangs.py reports it)
+        # failed trial: its ranks went with the daemon (federate/gangs/ reports it)
         engine.gangs.died_with_daemon[job.id] = dict(job.gang or {})
         return
     if job.kind != JobKind.TRIAL:

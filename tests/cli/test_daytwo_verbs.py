@@ -163,7 +163,7 @@ def test_what_peers_see_of_a_disabled_slot_and_a_disabled_node(
 ) -> None:
     """The federation's view of this node (`EngineView.slots`, what it advertises and checks
     a reserve against): disabled slots are not free; a disabled node has nothing free and
-    refuses reserves (federate/gangs.py checks `node_disabled`)."""
+    refuses reserves (federate/gangs/ checks `node_disabled`)."""
     from det_local.sched.engine import Engine
     from det_local.sched.extensions import EngineView
     from det_local.store.paths import Paths

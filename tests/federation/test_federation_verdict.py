@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from det_local.federate.peers import DEAD_S
-from det_local.federate.verdict import CONFIRM_S, Seen, Verdict, failed_gang
+from det_local.federate.verdict import ANSWER_S, CONFIRM_S, Seen, Verdict, failed_gang
 
 T = 1000.0  # when the gang was first seen failing
 
@@ -32,3 +32,16 @@ def test_not_known_yet_waits() -> None:
 def test_the_wait_is_bounded_by_the_death_time() -> None:
     late = T + DEAD_S + CONFIRM_S + 1.5
     assert failed_gang(T, late, [Seen("n2", "alive", T + 0.3, False)]) == (Verdict.FAILED, "")
+
+
+def test_a_machine_that_came_back_is_asked_before_a_failure_is_decided() -> None:
+    """Its link is up again and it was heard after the failure, but its ranks may have died
+    with its daemon: the verdict waits (bounded) for its answer to `share`, so a lost share is
+    never taken for the ranks' own failure (issue 26)."""
+    back = Seen("n2", "alive", T + 12, True, asked=T + 11.5)
+    assert failed_gang(T, T + 12, [back]) == (Verdict.WAIT, "")
+    assert failed_gang(T, T + 11.5 + ANSWER_S, [back]) == (Verdict.FAILED, "")  # no answer
+    answered = Seen("n2", "alive", T + 12, True)  # it said its share still runs
+    assert failed_gang(T, T + 12, [answered]) == (Verdict.FAILED, "")
+    gone_again = Seen("n2", "dead", T + 12, False, asked=T + 11.5)
+    assert failed_gang(T, T + 20, [gone_again]) == (Verdict.LOST, "n2")
