@@ -153,7 +153,7 @@ def run(root: Path, slurm: Slurm, args: argparse.Namespace) -> dict[str, object]
     home.mkdir()
     pools: dict[str, object] = {"hpc": {"slurm": {"partition": "debug"}}}
     if args.channel == "tcp":
-        from slurmkit import _free_ports
+        from tests.support.slurmkit import _free_ports
 
         stage = root / "stage"
         stage.mkdir()
