@@ -140,13 +140,13 @@ class Link:
     def recv(self) -> dict[str, Any] | None:
         if self.inn is None:
             return rpc.recv(self.sock)
-        head = _recv_exact(self.sock, rpc.HEADER.size)
+        head = rpc.recv_exact(self.sock, rpc.HEADER.size)
         if head is None:
             return None
         (size,) = rpc.HEADER.unpack(head)
         if size > rpc.MAX_FRAME + OVERHEAD:
             raise rpc.FrameError(f"frame of {size} bytes is over the {rpc.MAX_FRAME} byte limit")
-        sealed = _recv_exact(self.sock, size)
+        sealed = rpc.recv_exact(self.sock, size)
         if sealed is None:
             return None
         try:
@@ -156,18 +156,8 @@ class Link:
         return rpc.unpack(body, DAEMON_TO_TRIAL)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 def _recv_plain(sock: socket.socket) -> dict[str, Any] | None:
-    head = _recv_exact(sock, rpc.HEADER.size)
+    head = rpc.recv_exact(sock, rpc.HEADER.size)
     if head is None:
         return None
     (size,) = rpc.HEADER.unpack(head)
@@ -175,7 +165,7 @@ def _recv_plain(sock: socket.socket) -> dict[str, Any] | None:
         raise rpc.FrameError(
             f"handshake frame of {size} bytes (the limit is {rpc.HELLO_MAX_FRAME})"
         )
-    body = _recv_exact(sock, size)
+    body = rpc.recv_exact(sock, size)
     return None if body is None else rpc.unpack(body, TRIAL_HELLO)
 
 

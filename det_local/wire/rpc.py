@@ -87,7 +87,8 @@ def unpack(body: bytes, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
     return msg
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    """n bytes from a blocking socket; None when the peer closed it first."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -99,14 +100,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 def recv(sock: socket.socket, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any] | None:
     """Blocking read of one frame; None when the peer closed the connection."""
-    head = _recv_exact(sock, HEADER.size)
+    head = recv_exact(sock, HEADER.size)
     if head is None:
         return None
     (size,) = HEADER.unpack(head)
     limit = min(MAX_FRAME, budget.max_bytes)
     if size > limit:
         raise FrameError(f"frame of {size} bytes is over the {limit} byte limit")
-    body = _recv_exact(sock, size)
+    body = recv_exact(sock, size)
     if body is None:
         return None
     return unpack(body, budget)

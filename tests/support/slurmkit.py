@@ -77,18 +77,17 @@ class Slurm:
 
     def logs(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
-            p = self.root / name
-            if p.exists():
-                parts.append(f"--- {name}\n" + p.read_text()[-4000:])
+        for p in sorted(self.root.glob("slurm*.log")):  # slurmctld, each node's slurmd
+            parts.append(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:])
         return "\n".join(parts)
 
 
-def _config(root: Path, node: str, partition: str) -> str:
+def conf_text(root: Path, cluster: str, ctld_host: str, nodes: str, partition_line: str) -> str:
+    """A private Slurm's slurm.conf: its files under ``root``, its own munge socket, free ports,
+    no accounting, scheduling at once; ``nodes`` and ``partition_line`` say what it runs on."""
     ctld, slurmd = _free_ports(2)
-    host = socket.gethostname()
-    return f"""ClusterName=detlocal{os.getpid()}
-SlurmctldHost={host}(127.0.0.1)
+    return f"""ClusterName={cluster}
+SlurmctldHost={ctld_host}
 SlurmctldPort={ctld}
 SlurmdPort={slurmd}
 SlurmUser=root
@@ -101,7 +100,7 @@ SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -120,9 +119,22 @@ KillWait=5
 MinJobAge=300
 InactiveLimit=0
 Waittime=0
-NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 State=UNKNOWN
-PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{nodes}
+{partition_line}
 """
+
+
+def _config(root: Path, node: str, partition: str) -> str:
+    host = socket.gethostname()
+    return conf_text(
+        root,
+        f"detlocal{os.getpid()}",
+        f"{host}(127.0.0.1)",
+        f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 "
+        "State=UNKNOWN",
+        f"PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP "
+        "OverSubscribe=NO",
+    )
 
 
 def _sbin(name: str) -> str:
@@ -170,8 +182,8 @@ def _hidden(argv: list[str], hide: tuple[Path, ...]) -> list[str]:
 
 
 def _start(root: Path, node: str, partition: str, hide: tuple[Path, ...] = ()) -> Slurm:
-    for old in ("slurmctld.log", "slurmd.log"):
-        (root / old).unlink(missing_ok=True)
+    for old in root.glob("slurm*.log"):
+        old.unlink(missing_ok=True)
     # every user's sbatch must reach the config and munge's socket; the key stays root's
     for d in ("munge", "munge-key", "state", "spool", "munge-key/log"):
         (root / d).mkdir(parents=True, exist_ok=True)

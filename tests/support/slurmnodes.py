@@ -39,12 +39,6 @@ class Nodes(slurmkit.Slurm):
 
     namespaces: list[str] = field(default_factory=list)
 
-    def logs(self) -> str:
-        parts = []
-        for p in sorted(self.root.glob("slurm*.log")):  # slurmctld, each node's slurmd
-            parts.append(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:])
-        return "\n".join(parts)
-
     def node_processes(self) -> dict[str, list[str]]:
         """node -> the command lines of what runs in its namespace besides slurmd itself."""
         found: dict[str, list[str]] = {}
@@ -64,49 +58,18 @@ class Nodes(slurmkit.Slurm):
 
 
 def _config(root: Path, partition: str) -> str:
-    ctld, slurmd = slurmkit._free_ports(2)
-    host = socket.gethostname()
     nodes = "\n".join(
         f"NodeName={name} NodeHostname={name} NodeAddr={fednet.SUBNET}.{i} CPUs=4 "
         "RealMemory=2000 State=UNKNOWN"
         for i, name in enumerate(NODES, start=1)
     )
-    return f"""ClusterName=detlocaln{os.getpid()}
-SlurmctldHost={host}({HOST_ADDR})
-SlurmctldPort={ctld}
-SlurmdPort={slurmd}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={root}/munge/munge.socket
-CredType=cred/munge
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd-%n.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
-SlurmdParameters=config_overrides
-KillWait=5
-MinJobAge=300
-InactiveLimit=0
-Waittime=0
-{nodes}
-PartitionName={partition} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
-"""
+    return slurmkit.conf_text(
+        root,
+        f"detlocaln{os.getpid()}",
+        f"{socket.gethostname()}({HOST_ADDR})",
+        nodes,
+        f"PartitionName={partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP",
+    )
 
 
 def _host_link(net: fednet.Net) -> str:
