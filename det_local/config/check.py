@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from det_local.config.suggest import did_you_mean
 from det_local.errors import ConfigError
+from det_local.suggest import did_you_mean
 
 
 def join(path: str, key: object) -> str:

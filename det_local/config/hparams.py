@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from det_local.config import check
 from det_local.config.check import Ctx, join
-from det_local.config.suggest import did_you_mean
+from det_local.suggest import did_you_mean
 
 HP_TYPES = ("const", "int", "double", "log", "categorical")
 

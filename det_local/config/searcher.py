@@ -7,8 +7,8 @@ from typing import Any
 
 from det_local.config import check, fields
 from det_local.config.check import Ctx, join
-from det_local.config.suggest import closest
 from det_local.config.units import Length, parse_length
+from det_local.suggest import closest
 
 SEARCHERS = ("single", "random", "grid", "adaptive_asha", "async_halving")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from det_local.config import check, fields
 from det_local.config.check import Ctx, join
-from det_local.config.suggest import did_you_mean
 from det_local.errors import ConfigError
+from det_local.suggest import did_you_mean
 
 SAVE_SPEC: fields.Spec = {
     "save_experiment_best": fields.int_(0, lo=0),

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 from det_local.federate.keys import stored_node_id, valid_node_id
+from det_local.suggest import check_section_keys
 
 DEFAULT_PORT = 47800
 NODE_ID_FILE = "node-id"  # in the home, next to daemon.yaml: made once (keys.stored_node_id)

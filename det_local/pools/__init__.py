@@ -159,8 +159,8 @@ def load_pools(path: Path) -> Pools:
         raise ConfigError(
             f"resource_pools in {source}: expected a mapping of pool names, found {section!r}"
         )
-    from det_local.config.suggest import check_section_keys
     from det_local.slurm.config import parse_slurm_pool
+    from det_local.suggest import check_section_keys
 
     slurm: dict[str, SlurmPool] = {}
     for name, body in section.items():

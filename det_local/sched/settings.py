@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
+from det_local.suggest import check_section_keys
 
 DEFAULT_PREEMPTION_TIMEOUT = 30.0
 DEFAULT_ADMIN_GROUP = "det-local-admin"

@@ -65,7 +65,7 @@ class SlurmPool:
 
 def parse_slurm_pool(name: str, raw: Any, source: str) -> SlurmPool:
     """One pool's `slurm:` mapping, checked; ConfigError naming the field."""
-    from det_local.config.suggest import check_section_keys
+    from det_local.suggest import check_section_keys
 
     where = f"resource_pools.{name}.slurm"
     if not isinstance(raw, dict):

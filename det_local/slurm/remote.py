@@ -50,7 +50,7 @@ def _host_port(text: str, default_port: int | None) -> tuple[str, int] | None:
 def parse_channel(where: str, raw: Any, source: str) -> Channel | None:
     if raw is None:
         return None
-    from det_local.config.suggest import check_section_keys
+    from det_local.suggest import check_section_keys
 
     where = f"{where}.channel"
     if not isinstance(raw, dict) or "listen" not in raw:

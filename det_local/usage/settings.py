@@ -102,7 +102,7 @@ def load_usage_settings(path: Path) -> UsageSettings:
     if not isinstance(sm, dict):
         raise ConfigError(f"system_metrics in {source}: expected a mapping, found {sm!r}")
     allowed = {"enabled", "interval", "profiling_interval", "keep_full", "max_rows_per_run"}
-    from det_local.config.suggest import check_section_keys  # lazy: `cmd run` stays light
+    from det_local.suggest import check_section_keys
 
     check_section_keys("system_metrics.", sm, allowed, source)
     warnings: list[str] = []

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
+from det_local.suggest import check_section_keys
 
 if TYPE_CHECKING:
     from det_local.sched.extensions import EngineView, ExtensionFactory

@@ -1,5 +1,5 @@
 """One check of daemon.yaml sections' keys (issue 26): every section says an unknown key the
-same way, with a did-you-mean from config/suggest.py, or the valid keys when nothing is close."""
+same way, with a did-you-mean from suggest.py, or the valid keys when nothing is close."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from det_local.config.suggest import check_section_keys
 from det_local.errors import ConfigError
 from det_local.federate.settings import load as load_federation
 from det_local.sched.settings import load_settings
+from det_local.suggest import check_section_keys
 from det_local.web.supervisor import load_dashboard_settings
 
 
