@@ -29,7 +29,13 @@ trial_id = int(os.environ["DET_TRIAL_ID"])
 gates = dict(item.split(":") for item in os.environ.get("WAIT_ZYGOTE", "").split(",") if item)
 zdir = os.path.join(home, "run", "z", gates.get(str(trial_id), "-"))
 deadline = time.monotonic() + 60
-while str(trial_id) in gates and not os.path.exists(os.path.join(zdir, "s")):
+def ready(zdir):  # its socket is bound a moment before "ready (pid N" reaches its log
+    try:
+        with open(os.path.join(zdir, "log")) as f:
+            return "ready (pid " in f.read()
+    except FileNotFoundError:
+        return False
+while str(trial_id) in gates and not (os.path.exists(os.path.join(zdir, "s")) and ready(zdir)):
     assert time.monotonic() < deadline, "no zygote"
     time.sleep(0.05)
 if os.environ.get("KILL_ZYGOTE") == str(trial_id):

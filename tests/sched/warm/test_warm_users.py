@@ -230,6 +230,8 @@ def _plan(where: Path, python: Path, user: str, experiment_id: int = 7) -> Launc
 def _zygote_pid(pool: ZygotePool, experiment_id: int) -> int:
     zygote = pool.zygotes[experiment_id]
     wait_for(lambda: os.path.lexists(zygote.socket), timeout=60, what="the zygote's socket")
+    # the zygote binds its socket a moment before it writes "ready (pid N, ...)" to its log
+    wait_for(lambda: "ready (pid " in zygote.log.read_text(), timeout=30, what="the zygote ready")
     return int(zygote.log.read_text().split("ready (pid ")[1].split(",")[0])
 
 
@@ -283,7 +285,8 @@ def test_another_users_trial_never_reaches_the_zygote(
         status = zygotetrust.read_status(proc.pid)
         assert status.ppid == zygote_b and set(status.uids) == {uid_b}
         ran = where / f"ran-{uid_b}"
-        wait_for(ran.exists, timeout=30, what="B's warm trial")
+        # open() makes the file before write() fills it: wait for what it says, not that it is
+        wait_for(lambda: ran.exists() and ran.read_text() != "", timeout=30, what="B's warm trial")
         assert ran.read_text() == str(pwd.getpwnam(B).pw_gid)
         assert not (where / f"ran-{uid_a}").exists()
         assert proc.pidfd is not None
