@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal as signals
 import time
@@ -37,6 +38,7 @@ from det_local.slurm import client, stage, submitter
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
 from det_local.store.paths import Paths
+from det_local.store.private import PrivateFiles
 from det_local.store.tables.jobs import JobRecord
 
 # Slurm states that are the cluster's doing, not the trial's
@@ -87,6 +89,14 @@ class SlurmLauncher:
         self.poller = client.Poller()
         self.pump = stage.LogPump()  # staged logs into the runs' own (slurm.stage_dir)
         self._down: str | None = None  # the poller's last "controller unreachable", said once
+        self._stage_key: bytes | None = None
+
+    @property
+    def stage_key(self) -> bytes:
+        """What the runs' staged directories are named with (`stage.name_key`)."""
+        if self._stage_key is None:
+            self._stage_key = stage.name_key(PrivateFiles(self.paths).key())
+        return self._stage_key
 
     def start(self) -> None:
         self.poller.start()
@@ -99,7 +109,8 @@ class SlurmLauncher:
     # ------------------------------------------------------------------ rules 1, 2
     def spawn(self, job: JobRecord, plan: LaunchPlan) -> SlurmRun:
         slots = self.pool_slots(job) or slots_of(plan)
-        script = batch_script(plan, self.pool, slots)
+        key = self.stage_key if self.pool.stage_dir is not None else None
+        script = batch_script(plan, self.pool, slots, key)
         log = Path(plan.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         # the job's output file, created as its user (slurmstepd appends to it as the user)
@@ -111,7 +122,7 @@ class SlurmLauncher:
         token = plan.env.get("DET_LOCAL_TOKEN")
         shown = script.replace(token, "<per-run token>") if token else script
         _write_new(info / "slurm-batch.sh", shown)
-        staged = stage.for_pool(plan, self.pool)
+        staged = stage.for_pool(plan, self.pool, key)
         if self.pool.stage_dir is not None:  # the compute node sees the shared FS only
             stage.stage_run(plan, staged, userfiles.owner_of(plan))
         env = {k: v for k, v in plan.env.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -234,7 +245,7 @@ class SlurmLauncher:
         st = self.poller.state(slurm_id) or client.JobState("PENDING")
         staged_info = info
         if self.pool.stage_dir is not None:  # its staged log is copied on from where it was
-            root = stage.root_of(self.pool, info)
+            root = stage.adopted_root(self.pool, info, self.stage_key)
             staged_info = str(root / "info")
             log = (
                 self.paths.command_log(job.id)
@@ -266,13 +277,16 @@ class SlurmLauncher:
         where = (
             f"{self.paths.home}/"
             if self.pool.stage_dir is None
-            else f"{stage.root_of(self.pool, info)}/"
+            else f"{stage.root_of(self.pool, info, self.stage_key)}/"
         )
         try:
             ids = client.run(["squeue", "-h", "-n", name, "-o", "%i"]).split()
             for text in ids:
                 out = client.run(["scontrol", "show", "job", "-o", text])
-                if f"StdOut={where}" in out and text.isdigit():
+                # the run's user's job (anyone can name a job so, and pass any --output)
+                owner = re.search(r"\bUserId=\S*?\((\d+)\)", out)
+                mine = owner is not None and int(owner.group(1)) == job.uid
+                if mine and f"StdOut={where}" in out and text.isdigit():
                     return int(text)
         except TrialError:
             pass  # not known now: the run is queued again

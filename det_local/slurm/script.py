@@ -80,8 +80,12 @@ def directives(plan: LaunchPlan, pool: SlurmPool, shape: Shape) -> list[str]:
     return opts + list(pool.sbatch_args)
 
 
-def batch_script(plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int) -> str:
-    plan = for_pool(plan, pool)  # compute nodes of other hosts: the channel, staged paths
+def batch_script(
+    plan: LaunchPlan, pool: SlurmPool, slots_per_trial: int, stage_key: bytes | None = None
+) -> str:
+    """``stage_key``: what staged directories are named with (`stage.name_key`); None (a
+    preview): a placeholder name."""
+    plan = for_pool(plan, pool, stage_key)  # other hosts' compute nodes: channel, staged paths
     shape = Shape.of(slots_per_trial, pool)
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {shlex.quote(opt)}" for opt in directives(plan, pool, shape)]

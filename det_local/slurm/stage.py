@@ -2,8 +2,12 @@
 and the channel's address in their environment (`slurm.channel`).
 
 With ``stage_dir`` a run's files the compute node needs live under
-``<stage_dir>/det-local-<hash of the run's info directory>/`` instead of the daemon's state
-directory:
+``<stage_dir>/det-local-<name>/`` instead of the daemon's state directory. The name is
+HMAC-SHA256 of the run's info directory under a key derived from the daemon's secret key
+(`store/private.py`): the same at every start of this daemon (a restart adopts the run and
+removes its directory), but nobody else can predict it, so another user of the world-writable
+stage_dir cannot make it first (a plain hash of the path could be). `config check` shows
+``det-local-<keyed name>`` there instead (it reads no key and makes none):
 
 * ``context/``: a copy of the trial's context snapshot (its working directory; a command keeps
   its own directory, which must be on a shared path);
@@ -23,6 +27,7 @@ removed when the run has ended (its log already copied). A root daemon needs to 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import pwd
 import shutil
@@ -45,16 +50,48 @@ FINAL_MAX = 64 * 1024 * 1024  # copied at most when the job has ended
 INTERVAL_S = 0.25
 
 
-def root_of(pool: SlurmPool, local_info_dir: str) -> Path:
+PREVIEW_NAME = "det-local-<keyed name>"  # config check: no daemon key read (or made) for it
+_NAME_LABEL = b"det-local slurm stage_dir names"
+
+
+def name_key(daemon_key: bytes) -> bytes:
+    """The key staged directory names are made with: derived from the daemon's key, used for
+    nothing else (a name never tells anything about a trial's token)."""
+    return hmac.new(daemon_key, _NAME_LABEL, hashlib.sha256).digest()
+
+
+def root_of(pool: SlurmPool, local_info_dir: str, key: bytes | None) -> Path:
+    """The run's staged directory: keyed by ``key`` (`name_key`); None: the placeholder a
+    preview shows."""
+    assert pool.stage_dir is not None
+    if key is None:
+        return Path(pool.stage_dir) / PREVIEW_NAME
+    digest = hmac.new(key, local_info_dir.encode(), hashlib.sha256).hexdigest()[:32]
+    return Path(pool.stage_dir) / f"det-local-{digest}"
+
+
+def legacy_root_of(pool: SlurmPool, local_info_dir: str) -> Path:
+    """Where a det-local before keyed names staged the run (a plain hash of the path): a run it
+    started is still adopted after the upgrade."""
     assert pool.stage_dir is not None
     digest = hashlib.sha256(local_info_dir.encode()).hexdigest()[:16]
     return Path(pool.stage_dir) / f"det-local-{digest}"
 
 
-def for_pool(plan: LaunchPlan, pool: SlurmPool) -> LaunchPlan:
+def adopted_root(pool: SlurmPool, local_info_dir: str, key: bytes) -> Path:
+    """An adopted run's staged directory: the keyed name, or (a run an older det-local started)
+    the legacy one when only that exists (its owner is checked before it is read)."""
+    root = root_of(pool, local_info_dir, key)
+    legacy = legacy_root_of(pool, local_info_dir)
+    if not os.path.lexists(root) and os.path.lexists(legacy):
+        return legacy
+    return root
+
+
+def for_pool(plan: LaunchPlan, pool: SlurmPool, key: bytes | None) -> LaunchPlan:
     """The plan as the compute node runs it: the channel's address for the socket, the staged
-    paths for the working directory, log and info directory. The plan itself when the pool
-    has neither."""
+    paths for the working directory, log and info directory (named with ``key``, `root_of`).
+    The plan itself when the pool has neither."""
     if pool.channel is None and pool.stage_dir is None:
         return plan
     env = dict(plan.env)
@@ -63,7 +100,7 @@ def for_pool(plan: LaunchPlan, pool: SlurmPool) -> LaunchPlan:
         env["DET_MASTER"] = pool.channel.url
     if pool.stage_dir is None:
         return replace(plan, env=env)
-    root = root_of(pool, plan.info_dir)
+    root = root_of(pool, plan.info_dir, key)
     info = root / "info"
     if "DET_LOCAL_INFO_DIR" in env:
         env["DET_LOCAL_INFO_DIR"] = str(info)
@@ -116,7 +153,7 @@ def stage_run(local: LaunchPlan, staged: LaunchPlan, owner: userfiles.Owner | No
     """Fill the run's staged directory from its local plan, then give it to the run's user."""
     root = Path(staged.log_path).parent
     try:
-        for attempt in range(3):  # someone may make the name meanwhile (it is predictable)
+        for attempt in range(3):  # a leftover of this daemon's, being removed meanwhile
             _clear(root)
             try:
                 os.mkdir(root, 0o700)

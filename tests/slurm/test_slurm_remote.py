@@ -6,7 +6,9 @@ checkpoints). A recording proxy between the trial and the daemon shows what cros
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pwd
 import select
 import shutil
 import socket
@@ -145,6 +147,15 @@ def test_a_trial_on_a_node_without_the_state_dir_reports_over_tcp(
     dl: Env, slurm: slurmkit.Slurm, shared: Path
 ) -> None:
     proxy = start(dl, slurm, shared)
+    # another user took the run's old, predictable staged name (sha256 of its info directory)
+    # first: the run stages under its keyed name and leaves theirs alone
+    info = str(dl.paths.trial_info_dir(1, 1, 1))
+    squat = shared / "stage" / f"det-local-{hashlib.sha256(info.encode()).hexdigest()[:16]}"
+    squat.mkdir()
+    (squat / "theirs").write_text("x")
+    nobody = pwd.getpwnam("nobody")
+    for path in (squat, squat / "theirs"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
     token_file = shared / "token.txt"
     cfg = {**config(shared), "entrypoint": f"python3 train.py {dl.home} {token_file}"}
     cfg_path, ctx = dl.context(PROBE, cfg)
@@ -161,6 +172,7 @@ def test_a_trial_on_a_node_without_the_state_dir_reports_over_tcp(
     assert probe["socket"] == f"tcp://127.0.0.1:{proxy.port}"
     assert probe["cwd"].startswith(str(shared / "stage")) and probe["cwd"].endswith("/context")
     assert probe["info"].startswith(str(shared / "stage"))
+    assert not probe["cwd"].startswith(str(squat)), probe
     assert [m.metrics["loss"] for m in dl.metrics(1, "training")] == [0.5]
     assert len(dl.checkpoints(1)) == 1
     (job,) = dl.jobs()
@@ -169,8 +181,12 @@ def test_a_trial_on_a_node_without_the_state_dir_reports_over_tcp(
     token = token_file.read_text().encode()
     assert len(token) >= 32 and proxy.sent and all(len(b) > 0 for b in proxy.sent[:1])
     assert not any(token in bytes(b) for b in proxy.sent)
-    # the staged copy is gone once the run ended; the log stayed in the state directory
-    wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")
+    # the staged copy is gone once the run ended (the squatter's stays as it was); the log
+    # stayed in the state directory
+    wait_for(
+        lambda: list((shared / "stage").iterdir()) == [squat], timeout=30, what="stage cleanup"
+    )
+    assert (squat / "theirs").read_text() == "x" and squat.stat().st_uid == nobody.pw_uid
     assert "PROBE" in dl.log(1, 1)
     proxy.close()
 
