@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from det_local.launch.wrap_rank import SUPERVISOR_ENV, signal_name
+from det_local.launch.wrap_rank import FIRST_FAILURE_ENV, SUPERVISOR_ENV, signal_name
 
 GRACE = 0.5
 KILL_AFTER = 2.0
@@ -294,6 +294,7 @@ class Supervisor:
         others = [w.rank for w in st.workers.values() if w.status is None]
         tail = f"; stopping the other workers ({len(others)} running)" if others else ""
         say(f"rank {failure.rank} {failure.what}{tail}")
+        _record_failure(failure)
 
     def _escalate(self, proc: subprocess.Popen[bytes]) -> None:
         st = self.state
@@ -337,6 +338,23 @@ class Supervisor:
         for p in alive:
             _signal(p.pid, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=1.0)
+
+
+def _record_failure(failure: Failure) -> None:
+    """The first failing rank, its status and when, for whoever started this launcher and asked
+    (``DET_LOCAL_FIRST_FAILURE``: `slurm/node.py` names it when the trial ends). Best effort."""
+    path = os.environ.get(FIRST_FAILURE_ENV)
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            rank = "-" if failure.rank is None else failure.rank
+            f.write(f"{rank} {exit_status(failure.returncode)} {time.time()!r}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _descendants() -> list[psutil.Process]:

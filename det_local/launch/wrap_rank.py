@@ -34,6 +34,8 @@ import threading
 from typing import IO
 
 SUPERVISOR_ENV = "DET_LOCAL_SUPERVISOR"
+# where the supervisor writes its first failing rank (set by `slurm/node.py` on a Slurm node)
+FIRST_FAILURE_ENV = "DET_LOCAL_FIRST_FAILURE"
 VISIBLE_DEVICES_ENV = "DET_LOCAL_VISIBLE_DEVICES"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 LINE_END = re.compile(rb"\r\n|[\r\n]")

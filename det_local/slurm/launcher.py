@@ -34,7 +34,7 @@ from det_local.errors import TrialError
 from det_local.sched.run import userfiles
 from det_local.sched.run.launcher import Lost, RunHandle
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.slurm import client, stage, submitter
+from det_local.slurm import client, rankexit, stage, submitter
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape, batch_script
 from det_local.store.paths import Paths
@@ -64,6 +64,8 @@ class SlurmRun:
     submission: submitter.Submission | None = None  # its sbatch, until Slurm gave the job id
     queued: bool = True  # not started yet: being submitted, or PENDING in Slurm
     unstarted: str | None = None  # Slurm refused it (sbatch's line): it never ran
+    nodes: int = rankexit.MAX_NODES  # Slurm nodes it asked for (adopted: not known)
+    failed: str | None = None  # over several nodes: which failed first (`rankexit.py`)
 
 
 def slots_of(plan: LaunchPlan) -> int:
@@ -132,7 +134,8 @@ class SlurmLauncher:
         if self.pool.stage_dir is not None:
             root = Path(staged.log_path).parent
             self.pump.add(job.id, root, log, plan.info_dir, userfiles.owner_of(plan))
-        return SlurmRun(job.id, 0, time.time(), staged.info_dir, submission=sub)
+        nodes = Shape.of(slots, self.pool).nodes
+        return SlurmRun(job.id, 0, time.time(), staged.info_dir, submission=sub, nodes=nodes)
 
     # ------------------------------------------------------------------ rules 3, 4, 5
     def wait_fd(self, handle: RunHandle) -> int | None:
@@ -192,6 +195,11 @@ class SlurmLauncher:
         if run.lost is not None:
             code = code if code else -signals.SIGKILL
             self.note(f"job {run.job_id}: Slurm job {run.pid} {run.lost}", level="WARNING")
+        elif code and st.state != "CANCELLED" and run.nodes > 1:
+            # several nodes: the first failing node's own code, and which it was
+            first = rankexit.first_failure(rankexit.read_all(run.info_dir, run.pid, run.nodes))
+            if first is not None:
+                code, run.failed = first.code, first.describe(run.pid)
         return 0 if code is None else code
 
     def signal(self, handle: RunHandle | None, pid: int | None, sig: int) -> None:

@@ -18,18 +18,28 @@ gives the step, then execs ``CMD``:
 * ``DET_LOCAL_NODE_INFO``: this node's part of ``get_cluster_info()`` (the run's info
   directory is one for all nodes): ``agent_id``, ``container_rank``, ``container_addrs``,
   ``container_slot_counts``.
+
+It then runs ``CMD`` as its child (signals forwarded) and, when it has ended, writes this node's
+exit into the run's info directory (`slurm/rankexit.py`: the first failing process rank its
+launcher named, whether srun stopped the node): with several nodes the job's own status is
+srun's, often the node srun stopped, not the one that failed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from det_local.launch.wrap_rank import FIRST_FAILURE_ENV
 from det_local.sched.run.rendezvous import (
     CHIEF_ENV,
     IFNAME_VARS,
@@ -37,9 +47,12 @@ from det_local.sched.run.rendezvous import (
     NODE_RANK_ENV,
     interface_of,
 )
+from det_local.slurm import rankexit
 from det_local.wire.trialinfo import NODE_INFO_ENV
 
 USAGE = "usage: python3 -m det_local.slurm.node -- CMD..."
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # srun stopping the step
 
 
 def hostnames(environ: Mapping[str, str]) -> list[str]:
@@ -139,12 +152,86 @@ def main(argv: list[str]) -> int:
         print(f"det-local: error: slurm.node: no command to run\n{USAGE}", file=sys.stderr)
         return 2
     env = {**os.environ, **node_env(os.environ)}
+    info_dir, slurm_id = os.environ.get("DET_LOCAL_INFO_DIR"), os.environ.get("SLURM_JOB_ID")
+    if not info_dir or not slurm_id:  # nowhere to say how it ended: the command itself
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as err:
+            return _cannot_run(argv[0], err)
+    return run_and_record(argv, env, info_dir or "", slurm_id or "")
+
+
+def _cannot_run(command: str, err: OSError) -> int:
+    print(f"det-local: error: cannot run {command!r}: {err.strerror or err}", file=sys.stderr)
+    return 127
+
+
+def run_and_record(argv: list[str], env: dict[str, str], info_dir: str, slurm_id: str) -> int:
+    """Run the node's launcher, forwarding signals to it, then write this node's exit
+    (`slurm/rankexit.py`): the batch shell and the daemon name the node that failed first."""
+    scratch = tempfile.mkdtemp(prefix="det-local-node-")  # the launcher's first failing rank
+    failure = os.path.join(scratch, "first-failure")
+    env[FIRST_FAILURE_ENV] = failure
+    stopped: list[float] = []  # when srun (or scancel) first told the step to stop
+
+    child: list[subprocess.Popen[bytes]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum in STOPPING and not stopped:
+            stopped.append(time.time())
+        for proc in child:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+
+    for signum in FORWARDED:  # before the start: a stop that comes meanwhile is seen
+        signal.signal(signum, forward)
     try:
-        os.execvpe(argv[0], argv, env)
+        child.append(subprocess.Popen(argv, env=env))
     except OSError as err:
-        print(f"det-local: error: cannot run {argv[0]!r}: {err.strerror or err}", file=sys.stderr)
-        return 127
-    return 0  # not reached
+        shutil.rmtree(scratch, ignore_errors=True)
+        code = _cannot_run(argv[0], err)
+        _record(info_dir, slurm_id, code, None, time.time(), bool(stopped))
+        return code
+    returncode = child[0].wait()
+    ended = time.time()
+    code = 128 - returncode if returncode < 0 else returncode
+    rank, status, at = _first_failure(failure)
+    shutil.rmtree(scratch, ignore_errors=True)
+    # stopped: told to stop before a rank of its own failed (a failure of its own that came
+    # first is its own, and so is its code, whatever the launcher exited with once stopped)
+    was_stopped = bool(stopped) and (at is None or stopped[0] <= at)
+    if at is not None and status and not was_stopped:
+        code = status
+    _record(info_dir, slurm_id, code, rank, at or ended, was_stopped)
+    return code
+
+
+def _first_failure(path: str) -> tuple[int | None, int | None, float | None]:
+    """What the node's launcher's supervisor wrote (`launch/supervise.py`): the first failing
+    rank, its exit status and when; Nones when nothing failed there."""
+    try:
+        with open(path) as f:
+            words = f.read(256).split()
+        rank = int(words[0]) if words[0] != "-" else None
+        return rank, int(words[1]), float(words[2])
+    except (OSError, ValueError, IndexError):
+        return None, None, None
+
+
+def _record(
+    info_dir: str, slurm_id: str, code: int, rank: int | None, at: float, stopped: bool
+) -> None:
+    record = rankexit.NodeExit(
+        node=socket.gethostname(),
+        node_rank=int(os.environ.get("SLURM_NODEID") or 0),
+        code=code,
+        rank=rank,
+        stopped=stopped,
+        at=at,
+    )
+    rankexit.write(info_dir, slurm_id, record)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ The batch shell runs the command in the background and waits for it. On ``USR1``
 Slurm ``signal_lead`` seconds before the time limit: ``--signal=B:USR1@N``) it tells the engine,
 over the run's own authenticated session (`det_local/slurm/notify.py`), that the run is about
 to end: the engine asks the trial to checkpoint (``should_preempt()``) and queues it again.
-The command's exit status is the job's, and is also written to ``slurm-exit.<jobid>`` in the
-run's info directory (read when Slurm has forgotten the job).
+The command's exit status is the job's (over several nodes: the first failing node's own,
+`slurm/rankexit.py`, not srun's), and is also written to ``slurm-exit.<jobid>`` in the run's
+info directory (read when Slurm has forgotten the job).
 """
 
 from __future__ import annotations
@@ -112,11 +113,26 @@ def batch_script(
         "child=$!",
         # wait returns early when the trap runs: wait again until the command has ended
         'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
+        *_first_failure(shape),
         '[ -n "${DET_LOCAL_INFO_DIR:-}" ] && '
         'printf "%s\\n" "$rc" > "$DET_LOCAL_INFO_DIR/slurm-exit.$SLURM_JOB_ID" 2>/dev/null',
         'exit "$rc"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _first_failure(shape: Shape) -> list[str]:
+    """Several nodes: srun's status is the highest of its tasks' (often a node it stopped); the
+    job exits with the first failing node's own code instead, said in its output
+    (`slurm/rankexit.py`, from what each node's step wrote)."""
+    if shape.nodes == 1:
+        return []
+    pick = f"{shlex.quote(sys.executable)} -m det_local.slurm.rankexit"
+    return [
+        'if [ "$rc" -ne 0 ] && [ -n "${DET_LOCAL_INFO_DIR:-}" ]; then',
+        f'  first="$({pick} "$rc")" && [ -n "$first" ] && rc="$first"',
+        "fi",
+    ]
 
 
 def _command(plan: LaunchPlan, shape: Shape) -> str:

@@ -109,7 +109,7 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes
     assert {ranks[0]["host"], ranks[1]["host"]} == set(slurmnodes.NODES)
     assert all(r["agent"] == r["host"] for r in ranks.values())  # DET_AGENT_ID: its node
     # the rendezvous: the first host's bridge address, on both nodes
-    assert {r["chief"] for r in ranks.values()} == {f"{slurmnodes.fednet.SUBNET}.1"}
+    assert {r["chief"] for r in ranks.values()} == {f"{slurm.subnet}.1"}
     assert ranks[0]["host"] == "dln1"
     # gloo on each node's bridge interface (left alone it binds the address the hostname
     # resolves to; these names resolve nowhere, so it fell back to loopback and never met)
@@ -159,6 +159,8 @@ with det.core.init(distributed=dist) as core:
     print("INFO " + json.dumps(seen), flush=True)
     if hp.get("fail_rank") == rank:
         raise SystemExit(3)
+    if hp.get("fail_rank") is not None:  # the others wait outside a collective: srun stops them
+        time.sleep(60)
 
     def save(step):
         with core.checkpoint.store_path({"steps_completed": step}, shard=True) as (path, _):
@@ -248,7 +250,7 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
     # get_cluster_info() on each node: its agent and rank, both nodes' addresses and slots
     # (dln2's name resolves nowhere here: it stays a name)
     seen = [json.loads(line.split("INFO ", 1)[1]) for line in logs.splitlines() if "INFO [" in line]
-    chief = f"{slurmnodes.fednet.SUBNET}.1"
+    chief = f"{slurm.subnet}.1"
     assert sorted(map(json.dumps, seen)) == sorted(
         json.dumps([host, rank, [chief, "dln2"], [1, 1]])
         for host, rank in (("dln1", 0), ("dln2", 1))
@@ -313,11 +315,23 @@ def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmno
     assert r.rc == 1 and "Experiment 2 (core-2-node) ERROR" in r.out, r
     trial = dl.store().get_trial(2)
     assert trial.state == State.ERROR and trial.steps_completed == 0
+    (job,) = [j for j in dl.jobs() if j.trial_id == 2]
+    # the first failure is rank 1's on dln2 (its own exit 3), not srun's status (the highest of
+    # the tasks', often 143: the other node's, stopped by srun): each node's step wrote its exit
+    # and the batch shell and the daemon picked the first failing one
+    named = f"rank 1 on node dln2 (node rank 1 of Slurm job {job.pid}) failed first"
+    records = [p.read_text() for p in dl.home.glob("experiments/2/trials/2/runs/*/slurm-rank-*")]
+    assert trial.message == (
+        f"trial 2 exited with code 3: {named}; see `det-local trial logs 2`"
+    ), (trial.message, records, dl.log(2, 2))
+    assert job.exit_code == 3, job
     log = dl.log(2, 2)
-    # the first failure is rank 1's on dln2 (its own exit 3); the job's exit status is srun's,
-    # the highest of the tasks' (often 143: the other node's, stopped by srun)
     assert "det-local: rank 1 exited with code 3" in log, log
     assert "srun: error: dln2: task 1: Exited with exit code" in log, log
+    assert f"det-local: {named}: exited with code 3" in log, log
+    # Slurm's own record has the rank's code too (the batch shell exited with it)
+    shown = slurm.run("scontrol", "show", "job", str(job.pid)).stdout
+    assert "ExitCode=3:0" in shown or "Invalid job id" in shown, shown
     assert slurm.queue() == []
     wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
 
@@ -480,3 +494,18 @@ def test_a_malformed_node_info_is_ignored(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv("DET_LOCAL_NODE_INFO", bad)
         trialinfo._node_overlay(info)  # type: ignore[arg-type]
         assert (info.agent_id, info._rendezvous_info) == ("here", None)
+
+
+def test_the_bridge_takes_a_subnet_no_other_run_uses(slurm: slurmnodes.Nodes) -> None:
+    """Each run's bridge is a 10.77.X.0/24 the host does not use yet (chosen under a lock), so
+    a second run of these tests at once gets another X; fednet's namespaced nets keep X = 0."""
+    x = int(slurm.subnet.rsplit(".", 1)[1])
+    assert 1 <= x <= 254 and slurm.host_addr == f"{slurm.subnet}.254"
+    used = slurmnodes.used_subnets()
+    assert slurm.subnet in used  # this run's host veth
+    second = slurmnodes.free_subnet(used, x - 1)  # a second run starting its search at ours
+    assert second != slurm.subnet and second not in used
+    assert slurmnodes.free_subnet({"10.77.1", "10.77.2"}, 0) == "10.77.3"
+    assert slurmnodes.free_subnet({"10.77.254"}, 253) == "10.77.1"  # wraps
+    with pytest.raises(RuntimeError, match="no free /24 in 10.77.1-254.0"):
+        slurmnodes.free_subnet({f"10.77.{i}" for i in range(1, 255)}, 0)

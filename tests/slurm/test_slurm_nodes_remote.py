@@ -46,7 +46,7 @@ def test_a_two_node_trial_reports_over_the_tcp_channel(dl: Env, slurm: slurmnode
     pool = {
         "partition": "debug",
         "slots_per_node": 1,
-        "channel": {"listen": f"{slurmnodes.HOST_ADDR}:{port}"},
+        "channel": {"listen": f"{slurm.host_addr}:{port}"},
         "stage_dir": str(shared / "stage"),
     }
     dl.daemon_start({"resource_pools": {"hpc": {"slurm": pool}}}, SLURM_CONF=str(slurm.conf))
@@ -71,7 +71,7 @@ def test_a_two_node_trial_reports_over_the_tcp_channel(dl: Env, slurm: slurmnode
     assert sorted((d["rank"], d["host"]) for d in lines) == [("0", "dln1"), ("1", "dln2")], logs
     assert {d["hosts"] for d in lines} == {"dln1,dln2"}
     sees = [line.split("SEES_HOME ", 1)[1] for line in logs.splitlines() if "SEES_HOME " in line]
-    channel = f"tcp://{slurmnodes.HOST_ADDR}:{port}"
+    channel = f"tcp://{slurm.host_addr}:{port}"
     assert sees == [f"False {channel}"] * 2, sees  # neither node sees the daemon's files
     assert slurm.queue() == []
     wait_for(lambda: list((shared / "stage").iterdir()) == [], timeout=30, what="stage cleanup")

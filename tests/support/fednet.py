@@ -215,7 +215,7 @@ class Node:
 
     @property
     def addr(self) -> str:
-        return f"{SUBNET}.{self.index}"
+        return f"{self.net.subnet}.{self.index}"
 
     @property
     def log(self) -> Path:
@@ -311,9 +311,13 @@ class Node:
 
 
 class Net:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, subnet: str = SUBNET) -> None:
+        """``subnet``: the bridge's /24 (first three octets). The default is used inside the
+        namespaces only; a net that also puts an address in the host's namespace
+        (tests/support/slurmnodes.py) takes a free one of its own."""
         self.prefix = f"{PREFIX}{os.getpid()}"
         self.root = root
+        self.subnet = subnet
         self.nodes: list[Node] = []
         self.created: list[str] = []
 
@@ -350,7 +354,7 @@ class Net:
             ns,
         )
         ip("-n", self.sw, "link", "set", f"v{index}", "master", "br0", "up")
-        ip("-n", ns, "addr", "add", f"{SUBNET}.{index}/24", "dev", "eth0")
+        ip("-n", ns, "addr", "add", f"{self.subnet}.{index}/24", "dev", "eth0")
         ip("-n", ns, "link", "set", "eth0", "up", "multicast", "on")
         ip("-n", ns, "link", "set", "lo", "up")
         node = Node(self, index, self.root / f"home{index}")

@@ -4,9 +4,12 @@
         ...
 
 The namespaces come from tests/support/fednet.py (a bridge in a namespace of its own, one veth per
-node: dln1 = 10.77.0.1, dln2 = 10.77.0.2). The host gets one veth of its own on that bridge
-(10.77.0.254, the only interface this adds to the root namespace) so that slurmctld, the daemon
-under test and its `sbatch`/`squeue` reach the nodes, and the nodes reach slurmctld. Each
+node: dln1 = 10.77.X.1, dln2 = 10.77.X.2). The host gets one veth of its own on that bridge
+(10.77.X.254, the only interface this adds to the root namespace) so that slurmctld, the daemon
+under test and its `sbatch`/`squeue` reach the nodes, and the nodes reach slurmctld. X is a /24
+no interface or route of the host's namespace uses (1-254, chosen under a lock and taken by the
+host's veth before the lock is let go), so two runs at once do not clash; fednet's own nets
+(10.77.0.0/24) stay inside their namespaces. Each
 slurmd runs inside its node's namespace under `unshare --uts` with its own hostname, on the same
 port as the other (each in its own namespace), `NodeAddr` its bridge address. munge is reached
 through its filesystem socket (Unix sockets cross network namespaces), and so is the daemon's
@@ -17,7 +20,9 @@ on the way out, failed or not.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -30,7 +35,8 @@ from pathlib import Path
 from tests.support import fednet, slurmkit
 
 NODES = ("dln1", "dln2")
-HOST_ADDR = f"{fednet.SUBNET}.254"
+SUBNETS = "10.77"  # the bridge's /24 is 10.77.X.0, X in 1..254 (fednet's nets use X = 0)
+LOCK = Path("/run/det-local-test-slurmnodes.lock")  # choosing X: one run at a time
 
 
 @dataclass
@@ -38,6 +44,12 @@ class Nodes(slurmkit.Slurm):
     """The running Slurm and its nodes' network namespaces (in the order of NODES)."""
 
     namespaces: list[str] = field(default_factory=list)
+    subnet: str = fednet.SUBNET  # the bridge's /24, e.g. "10.77.5"
+
+    @property
+    def host_addr(self) -> str:
+        """The host's address on the bridge (slurmctld's, the daemon's channel's)."""
+        return f"{self.subnet}.254"
 
     def node_processes(self) -> dict[str, list[str]]:
         """node -> the command lines of what runs in its namespace besides slurmd itself."""
@@ -57,19 +69,46 @@ class Nodes(slurmkit.Slurm):
         return found
 
 
-def _config(root: Path, partition: str) -> str:
+def _config(root: Path, partition: str, subnet: str) -> str:
     nodes = "\n".join(
-        f"NodeName={name} NodeHostname={name} NodeAddr={fednet.SUBNET}.{i} CPUs=4 "
+        f"NodeName={name} NodeHostname={name} NodeAddr={subnet}.{i} CPUs=4 "
         "RealMemory=2000 State=UNKNOWN"
         for i, name in enumerate(NODES, start=1)
     )
     return slurmkit.conf_text(
         root,
         f"detlocaln{os.getpid()}",
-        f"{socket.gethostname()}({HOST_ADDR})",
+        f"{socket.gethostname()}({subnet}.254)",
         nodes,
         f"PartitionName={partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP",
     )
+
+
+def used_subnets() -> set[str]:
+    """The 10.77.X /24s the host's namespace has an address or a route in."""
+    text = fednet.ip("-4", "-o", "addr", "show").stdout + fednet.ip("-4", "route", "show").stdout
+    return set(re.findall(rf"\b({re.escape(SUBNETS)}\.\d+)\.\d+", text))
+
+
+def free_subnet(used: set[str], start: int) -> str:
+    """The first 10.77.X (X in 1..254, from ``start`` on, wrapping) not in ``used``."""
+    for k in range(254):
+        candidate = f"{SUBNETS}.{(start + k) % 254 + 1}"
+        if candidate not in used:
+            return candidate
+    raise RuntimeError(f"no free /24 in {SUBNETS}.1-254.0 for the test's bridge: {sorted(used)}")
+
+
+@contextlib.contextmanager
+def _subnet_lock() -> Iterator[None]:
+    """Held while a run chooses its /24 and puts its address on the host (flock: let go when
+    the process dies, so a crashed run never blocks the next)."""
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _host_link(net: fednet.Net) -> str:
@@ -77,7 +116,7 @@ def _host_link(net: fednet.Net) -> str:
     name = f"{net.prefix}-h"
     fednet.ip("link", "add", name, "type", "veth", "peer", "name", "vh", "netns", net.sw)
     fednet.ip("-n", net.sw, "link", "set", "vh", "master", "br0", "up")
-    fednet.ip("addr", "add", f"{HOST_ADDR}/24", "dev", name)
+    fednet.ip("addr", "add", f"{net.subnet}.254/24", "dev", name)
     fednet.ip("link", "set", name, "up")
     return name
 
@@ -172,33 +211,33 @@ def cluster(root: Path, partition: str = "debug", hide: tuple[Path, ...] = ()) -
     """Two namespaced compute nodes and a controller on the host; all idle on entry.
     ``hide``: see _slurmd."""
     fednet.sweep()
-    with fednet.Net(root / "net") as net:
-        link = _host_link(net)
-        try:
-            for i in range(1, len(NODES) + 1):
-                net.node(i)
-            conf = root / "slurm.conf"
-            slurm = Nodes(root, conf, partition, NODES[0], [], [n.ns for n in net.nodes])
-            for attempt in range(3):  # again on new ports when one was taken meanwhile
-                _prepare(root)
-                conf.write_text(_config(root, partition))
-                daemons = [
-                    _slurmd(node.ns, n, conf, hide)
-                    for node, n in zip(net.nodes, NODES, strict=True)
-                ]
-                slurm.procs.clear()
-                try:
-                    _launch(slurm, daemons)
-                    break
-                except slurmkit.PortTaken:
-                    if attempt == 2:
-                        raise
+    with contextlib.ExitStack() as stack:
+        with _subnet_lock():
+            subnet = free_subnet(used_subnets(), os.getpid() % 254)
+            net = stack.enter_context(fednet.Net(root / "net", subnet))
+            link = _host_link(net)  # the /24 is taken from here on
+        stack.callback(fednet.ip, "link", "del", link, check=False)
+        for i in range(1, len(NODES) + 1):
+            net.node(i)
+        conf = root / "slurm.conf"
+        slurm = Nodes(root, conf, partition, NODES[0], [], [n.ns for n in net.nodes], subnet)
+        for attempt in range(3):  # again on new ports when one was taken meanwhile
+            _prepare(root)
+            conf.write_text(_config(root, partition, subnet))
+            daemons = [
+                _slurmd(node.ns, n, conf, hide) for node, n in zip(net.nodes, NODES, strict=True)
+            ]
+            slurm.procs.clear()
             try:
-                yield slurm
-            finally:
-                slurmkit.stop(slurm)
+                _launch(slurm, daemons)
+                break
+            except slurmkit.PortTaken:
+                if attempt == 2:
+                    raise
+        try:
+            yield slurm
         finally:
-            fednet.ip("link", "del", link, check=False)
+            slurmkit.stop(slurm)
 
 
 def skip_reason() -> str | None:

@@ -45,6 +45,7 @@ class TrialRun:
     kill_requested: bool = False
     stop_requested: bool = False
     requeue_requested: bool = False
+    failed: str | None = None  # which of its processes failed first (a multi-node Slurm job)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     # how its start is measured (`sched/warm/starttimes.py`): when the daemon began starting its
     # process (time.monotonic()), whether it was forked from a zygote, whether it said hello

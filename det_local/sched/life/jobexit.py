@@ -71,6 +71,7 @@ def _job_exited(host: JobExitHost, job: JobRecord, ended: Exit) -> bool:
                 run.trial_id, "the cluster was off while its ranks ran on other machines"
             )
         if run is not None:
+            run.failed = ended.failed
             host.on_trial_exit(run, ended.code, ended.unstarted)
     else:
         host.commands.on_exit(job, ended.code, ended.problem or ended.unstarted)

@@ -112,6 +112,7 @@ def trial_exited(
         )
     rid = run.request_id
     tid = run.trial_id
+    where = f": {run.failed}" if run.failed else ""  # e.g. the node that failed first
     if outcome not in (Outcome.REQUEUE, Outcome.RESTART):
         engine.queue.finish_trial_job(tid, code, outcome.value)
     if outcome == Outcome.COMPLETED and (
@@ -139,7 +140,7 @@ def trial_exited(
     elif outcome == Outcome.RESTART:
         n = engine.store.add_restart(tid)
         engine.note(
-            f"trial {tid} {describe_exit(code)}; restarting from its latest checkpoint "
+            f"trial {tid} {describe_exit(code)}{where}; restarting from its latest checkpoint "
             f"(restart {n} of {max_restarts})",
             experiment_id=exp.id,
             trial_id=tid,
@@ -148,7 +149,7 @@ def trial_exited(
         engine.trial_jobs.enqueue_trial(exp, tid)
     else:
         msg = (
-            f"trial {tid} {describe_exit(code)}"
+            f"trial {tid} {describe_exit(code)}{where}"
             + (
                 f" after {trial.restarts} restart{'s' if trial.restarts > 1 else ''}"
                 if trial.restarts

@@ -35,6 +35,7 @@ class Exit:
     problem: str | None
     lost: str | None = None  # the run ended for its pool's reasons, not the trial's
     unstarted: str | None = None  # its pool refused it (why, in one line): it never ran
+    failed: str | None = None  # which of its processes failed first, where its launcher knows
 
 
 class Supervisor:
@@ -150,6 +151,7 @@ class Supervisor:
                 proc.problem,
                 getattr(proc, "lost", None),
                 getattr(proc, "unstarted", None),
+                getattr(proc, "failed", None),
             )
         )
 
