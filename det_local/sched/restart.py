@@ -5,9 +5,10 @@ twice:
 
 * **running** (a job recorded SCHEDULED): its run is adopted when its leader is still the
   same process (pid and start time) and watched like a spawned one; an experiment that was
-  being paused or killed goes on pausing or being killed. A run found dead is settled from its
-  exit record: a trial's exit is decided as if it had been watched, a command ends with its
-  status; whatever it left in its cgroup is killed first;
+  being paused or killed goes on pausing or being killed (a run still waiting in its pool's
+  queue, a Slurm job PENDING, is cancelled at once: nothing there to checkpoint). A run found
+  dead is settled from its exit record: a trial's exit is decided as if it had been watched, a
+  command ends with its status; whatever it left in its cgroup is killed first;
 * **half-applied** (allocated, its process maybe never started): a wrapper found by its exit
   file is recorded and adopted; one never started is queued again, in its place;
   a trial whose status was lost is queued again to resume from its latest checkpoint;
@@ -25,8 +26,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from det_local.sched.gangs import GangShares
+from det_local.sched.life.changes import cancel_if_queued
 from det_local.sched.life.experiments import ExperimentRun, TrialRun, set_stopping
 from det_local.sched.life.trialjobs import TrialJobs
+from det_local.sched.queue.jobqueue import JobQueue
 from det_local.sched.run.commands import Commands
 from det_local.sched.run.launcher import Lost
 from det_local.sched.run.supervisor import Supervisor
@@ -40,6 +43,7 @@ class Restarting(unmanaged.UnmanagedHost, Protocol):
 
     experiments: dict[int, ExperimentRun]
     runs: dict[int, TrialRun]
+    queue: JobQueue
     supervisor: Supervisor
     commands: Commands
     gangs: GangShares
@@ -125,7 +129,7 @@ def _adopted(engine: Restarting, job: JobRecord) -> None:
             if exp.stopping == Stopping.KILL:
                 run.kill_requested = True
                 engine.trial_jobs.terminate(run)
-            else:
+            elif not cancel_if_queued(engine, run):  # a pool's job still in its queue: now
                 engine.trial_jobs.preempt(run, exp)
 
 

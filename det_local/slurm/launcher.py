@@ -152,6 +152,10 @@ class SlurmLauncher:
                 self.pump.finish(handle.job_id)  # a staged directory goes too
                 if sub.cancelled:
                     return -signals.SIGTERM
+                if sub.absent:  # found at a restart: its sbatch never made a job
+                    handle.lost = "was never made: its sbatch ended with the daemon"
+                    self.note(f"job {handle.job_id}: its Slurm job {handle.lost}", level="WARNING")
+                    return -signals.SIGKILL
                 handle.unstarted = sub.error or "sbatch gave no job id"
                 return 1
             handle.pid = sub.job_id  # the supervisor records it
@@ -245,22 +249,18 @@ class SlurmLauncher:
             if job.trial_id is None
             else self.paths.trial_info_dir(job.experiment_id or 0, job.trial_id, job.run_id)
         )
-        slurm_id = job.pid or self._submitted_unrecorded(job, info)
+        slurm_id = job.pid
+        if not slurm_id:
+            try:
+                slurm_id = self._submitted_unrecorded(job, info)
+            except client.Unreachable as err:  # cannot tell now: held, asked again
+                return self._find_later(job, info, str(err))
         if not slurm_id:
             return Lost(None, False)  # allocated; never submitted
         self.poller.watch(slurm_id)
         self.poller.refresh()  # at a restart, before the loop runs: now
         st = self.poller.state(slurm_id) or client.JobState("PENDING")
-        staged_info = info
-        if self.pool.stage_dir is not None:  # its staged log is copied on from where it was
-            root = stage.adopted_root(self.pool, info, self.stage_key)
-            staged_info = str(root / "info")
-            log = (
-                self.paths.command_log(job.id)
-                if job.trial_id is None
-                else self.paths.trial_log(job.experiment_id or 0, job.trial_id)
-            )
-            self.pump.add(job.id, root, log, info, stage.owner_of_job(job.uid, job.umask))
+        staged_info = self._pump_adopted(job, info)
         run = SlurmRun(job.id, slurm_id, job.pid_start, staged_info, queued=st.state == "PENDING")
         if not (st.ended or st.state == "GONE"):
             return run
@@ -273,10 +273,40 @@ class SlurmLauncher:
             None if run.lost else code, True, run.lost and f"Slurm job {slurm_id} {run.lost}"
         )
 
+    def _pump_adopted(self, job: JobRecord, info: str) -> str:
+        """An adopted run's info directory as its job sees it; with stage_dir, its staged log
+        copied on from where it was."""
+        if self.pool.stage_dir is None:
+            return info
+        root = stage.adopted_root(self.pool, info, self.stage_key)
+        log = (
+            self.paths.command_log(job.id)
+            if job.trial_id is None
+            else self.paths.trial_log(job.experiment_id or 0, job.trial_id)
+        )
+        self.pump.add(job.id, root, log, info, stage.owner_of_job(job.uid, job.umask))
+        return str(root / "info")
+
+    def _find_later(self, job: JobRecord, info: str, why: str) -> SlurmRun:
+        """A run whose sbatch was under way when the engine stopped, while Slurm's controller
+        does not answer: held as a run being submitted (never submitted again meanwhile), Slurm
+        asked again from a thread (`submitter.find`); the job it made is then followed, and when
+        it made none the run ends as lost (queued again, no restart spent)."""
+        self.note(
+            f"job {job.id}: Slurm's controller does not answer ({why}); whether the sbatch "
+            "under way when the daemon stopped made a job is asked again until it does (the "
+            "run is not submitted again meanwhile)",
+            level="WARNING",
+        )
+        sub = submitter.find(lambda: self._submitted_unrecorded(job, info), self.poller.watch)
+        staged_info = self._pump_adopted(job, info)
+        return SlurmRun(job.id, 0, job.pid_start, staged_info, submission=sub)
+
     def _submitted_unrecorded(self, job: JobRecord, info: str) -> int:
         """The engine stopped while the run's sbatch ran (or was being tried again): the job
-        Slurm made of it, found by its name and its output file in this home (so another
-        det-local's job of the same name is never taken); 0 when there is none."""
+        Slurm made of it, found by its name, its user and its output file in this home (so
+        another det-local's job of the same name is never taken); 0 when there is none;
+        `client.Unreachable` while Slurm's controller does not answer."""
         if job.trial_id is None:
             name = f"det-local_cmd{job.id}"
         else:
@@ -287,17 +317,24 @@ class SlurmLauncher:
             if self.pool.stage_dir is None
             else f"{stage.root_of(self.pool, info, self.stage_key)}/"
         )
-        try:
-            ids = client.run(["squeue", "-h", "-n", name, "-o", "%i"]).split()
-            for text in ids:
-                out = client.run(["scontrol", "show", "job", "-o", text])
-                # the run's user's job (anyone can name a job so, and pass any --output)
-                owner = re.search(r"\bUserId=\S*?\((\d+)\)", out)
-                mine = owner is not None and int(owner.group(1)) == job.uid
-                if mine and f"StdOut={where}" in out and text.isdigit():
-                    return int(text)
+        try:  # every state: a job that ran and ended meanwhile is its run too
+            ids = client.run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"]).split()
+        except client.Unreachable:
+            raise
         except TrialError:
-            pass  # not known now: the run is queued again
+            return 0  # squeue refused (not the controller's absence): taken as none
+        for text in ids:
+            try:
+                out = client.run(["scontrol", "show", "job", "-o", text])
+            except client.Unreachable:
+                raise
+            except TrialError:
+                continue  # gone meanwhile
+            # the run's user's job (anyone can name a job so, and pass any --output)
+            owner = re.search(r"\bUserId=\S*?\((\d+)\)", out)
+            mine = owner is not None and int(owner.group(1)) == job.uid
+            if mine and f"StdOut={where}" in out and text.isdigit():
+                return int(text)
         return 0
 
     def cleanup(self, live: set[str]) -> None:

@@ -17,6 +17,11 @@ the outcome from the :class:`Submission` on its bounded tick.
 * ``scancel`` too runs in a thread (:func:`cancel`), tried again the same way while slurmctld
   is unreachable (for up to an hour), so a kill during an outage reaches the job once Slurm
   answers, and the engine's loop never waits for it.
+* :func:`find`: a run whose sbatch was under way when the daemon stopped (no job id recorded),
+  found again at a restart by asking Slurm (`launcher._submitted_unrecorded`) while slurmctld
+  does not answer: tried again the same way (for up to an hour), never submitted meanwhile; the
+  answer "no such job" is taken only when it is given twice ``CONFIRM_S`` apart (an sbatch the
+  old daemon left may still be reaching a controller that just came back).
 * :meth:`Submission.cancel` (a pause, a kill) stops the retries; a job that sbatch created while
   it was being cancelled is cancelled as soon as its id is known (under one lock, so neither
   side misses it).
@@ -33,6 +38,8 @@ from det_local.slurm import client
 
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # then 30 s apart
 CANCEL_RETRY_S = 3600.0  # a kill or pause must reach its job once slurmctld answers again
+FIND_RETRY_S = 3600.0  # how long a restart asks Slurm whether an unrecorded sbatch made a job
+CONFIRM_S = 15.0  # "no such job" after an outage: asked again this much later before believed
 
 
 class Submission:
@@ -43,6 +50,7 @@ class Submission:
         self.job_id: int | None = None
         self.error: str | None = None  # sbatch refused it (or never answered within the budget)
         self.cancelled = False
+        self.absent = False  # `find`: Slurm has no job of it (its sbatch never made one)
         self.attempts = 0
         self.done = threading.Event()
         self._lock = threading.Lock()
@@ -113,6 +121,58 @@ def _submit(
             return
     except Exception as err:  # noqa: BLE001 - the run ends with it rather than waiting forever
         sub.error = f"sbatch could not be run: {err}"
+    finally:
+        sub.done.set()
+
+
+def find(
+    lookup: Callable[[], int], on_job: Callable[[int], None], budget_s: float = FIND_RETRY_S
+) -> Submission:
+    """Ask Slurm, from a thread, for the job an unrecorded sbatch may have made (``lookup``:
+    its id, 0 when there is none; `client.Unreachable` while slurmctld does not answer), until
+    it answers or ``budget_s`` has passed (``error`` then: whether it made one is unknown)."""
+    sub = Submission(budget_s)
+    threading.Thread(
+        target=_find, args=(sub, lookup, on_job), name="slurm-find", daemon=True
+    ).start()
+    return sub
+
+
+def _find(sub: Submission, lookup: Callable[[], int], on_job: Callable[[int], None]) -> None:
+    began = time.monotonic()
+    absent_at: float | None = None  # when Slurm first said it had no such job
+    try:
+        while not sub.cancelled:
+            sub.attempts += 1
+            try:
+                job_id = lookup()
+            except client.Unreachable as err:
+                waited = time.monotonic() - began
+                delay = RETRY_DELAYS_S[min(sub.attempts, len(RETRY_DELAYS_S)) - 1]
+                if waited + delay > sub.budget_s:
+                    sub.error = (
+                        f"{err} (Slurm's controller did not answer for {waited:.0f}s): whether "
+                        "the run's sbatch, under way when the daemon stopped, made a job is "
+                        "unknown; the trial is not submitted again (scancel that job if squeue "
+                        "shows it)"
+                    )
+                    return
+                sub._wake.wait(delay)
+                continue
+            if job_id:
+                keep = sub._submitted(job_id)
+                on_job(job_id)
+                if not keep:
+                    _cancel(job_id, None, CANCEL_RETRY_S)
+                return
+            if absent_at is None:
+                absent_at = time.monotonic()
+                sub._wake.wait(CONFIRM_S)
+                continue
+            sub.absent = True
+            return
+    except Exception as err:  # noqa: BLE001 - the run ends with it rather than waiting forever
+        sub.error = f"Slurm could not be asked for the run's job: {err}"
     finally:
         sub.done.set()
 

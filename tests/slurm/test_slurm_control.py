@@ -1,143 +1,40 @@
 """Slurm pools, control details against a real single-host Slurm (tests/slurmkit.py): Slurm's
 own time-limit timer, pausing a job still pending in Slurm, sbatch while slurmctld is down
 (retried; a permanent error at once; the retry budget), the poller while slurmctld is down, and
-a pool removed from daemon.yaml while its jobs run."""
+a pool removed from daemon.yaml while its jobs run. What a restart finds:
+tests/slurm/test_slurm_restart.py."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
-import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from det_local.store.states import State
 from tests.support import slurmkit
-from tests.support.world import Env, gone, wait_for
+from tests.support.slurmctl import (
+    HPC,
+    check_exact,
+    daemon_events,
+    job_fields,
+    pools,
+    slurm_id,
+    start_daemon,
+    start_slurmctld,
+    stop_slurmctld,
+    submissions,
+)
+from tests.support.world import Env, wait_for
 
 pytestmark = pytest.mark.slow
-
-HPC = {"resources": {"resource_pool": "hpc"}}
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
     yield from slurmkit.slurm_fixture(tmp_path_factory)
-
-
-def pools(**slurm_settings: Any) -> dict[str, Any]:
-    return {"resource_pools": {"hpc": {"slurm": {"partition": "debug", **slurm_settings}}}}
-
-
-def start_daemon(dl: Env, slurm: slurmkit.Slurm, settings: dict[str, Any] | None = None) -> int:
-    return dl.daemon_start(pools() if settings is None else settings, SLURM_CONF=str(slurm.conf))
-
-
-def slurm_id(dl: Env, trial_id: int) -> int:
-    """The Slurm job of the trial's latest run (its job's pid column), once recorded."""
-    job = dl.store().jobs.for_trial(trial_id)
-    assert job is not None
-    return int(job.pid or 0)
-
-
-def submissions(dl: Env, exp_id: int = 1) -> int:
-    return len(list((dl.home / "experiments" / str(exp_id)).glob("trials/*/runs/*/slurm-batch.sh")))
-
-
-def check_exact(dl: Env, trial_id: int, batches: int) -> None:
-    final = dl.metrics(trial_id, "validation")[-1]
-    assert final.metrics["x"] == sum(range(batches))  # no batch skipped or repeated
-    trial = dl.store().get_trial(trial_id)
-    assert trial.state == State.COMPLETED and trial.steps_completed == batches
-    assert trial.restarts == 0
-
-
-def job_fields(slurm: slurmkit.Slurm, job: int) -> dict[str, str]:
-    out = slurm.run("scontrol", "show", "job", "-o", str(job)).stdout
-    return dict(item.split("=", 1) for item in out.split() if "=" in item)
-
-
-def daemon_events(dl: Env) -> list[str]:
-    """Events of no experiment (the daemon's own: Slurm's controller down and back)."""
-    with sqlite3.connect(dl.paths.db) as db:
-        rows = db.execute("SELECT message FROM events WHERE experiment_id IS NULL ORDER BY id")
-        return [r[0] for r in rows]
-
-
-def stop_slurmctld(slurm: slurmkit.Slurm) -> None:
-    ctld = slurm.procs[0]
-    assert "slurmctld" in " ".join(str(a) for a in ctld.args)
-    ctld.terminate()
-    ctld.wait(timeout=30)
-
-
-class Detached:
-    """A daemon this test started but does not parent (the `dl` fixture kills the test's
-    children at teardown; this one belongs to the module's Slurm); Popen's few methods that
-    slurmkit.stop uses."""
-
-    def __init__(self, pid: int, args: list[str]) -> None:
-        self.pid = pid
-        self.args = args
-
-    def poll(self) -> int | None:
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return 0
-        return 0 if state in ("Z", "X") else None
-
-    def _send(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def terminate(self) -> None:
-        self._send(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._send(signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = time.monotonic() + (timeout or 60)
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 60)
-            time.sleep(0.05)
-        return 0
-
-
-def start_slurmctld(slurm: slurmkit.Slurm) -> None:
-    """slurmctld again, on its saved state (the jobs it had, running on slurmd meanwhile),
-    detached from the test (a shell starts it and exits)."""
-    argv = [slurmkit._sbin("slurmctld"), "-D", "-i", "-f", str(slurm.conf)]
-    err = shlex.quote(str(slurm.root / "slurmctld.stderr"))
-    shell = f"setsid {shlex.join(argv)} </dev/null >/dev/null 2>>{err} & echo $!"
-    # not the test's DET_LOCAL_HOME either: the `dl` fixture kills what names it at teardown
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-    out = subprocess.run(
-        ["sh", "-c", shell], env={**env, **slurm.env}, capture_output=True, text=True
-    )
-    slurm.procs[0] = Detached(int(out.stdout.strip()), argv)
-    wait_for(
-        lambda: slurm.run("squeue", "-h", check=False).returncode == 0,
-        timeout=60,
-        what="slurmctld to answer again",
-    )
-    # and its node registered again (a job submitted before waits otherwise)
-    wait_for(
-        lambda: slurm.node_state() in ("idle", "mixed", "allocated", "drained"),
-        timeout=90,
-        what=f"the node to come back (sinfo: {slurm.node_state()!r})",
-    )
 
 
 def test_slurms_own_timer_signal_checkpoints_before_the_limit(
@@ -383,51 +280,6 @@ def test_the_engine_itself_runs_as_a_slurm_job(dl: Env, slurm: slurmkit.Slurm) -
     assert trial_job["JobState"] == "COMPLETED"
     assert trial_job["JobName"] == "det-local_e1_t1_r1"
     assert slurm.queue() == []
-
-
-def test_a_job_sbatch_made_as_the_daemon_died_is_adopted_by_name(
-    dl: Env, slurm: slurmkit.Slurm
-) -> None:
-    """The daemon is killed while a trial's sbatch is being tried (slurmctld down), and that
-    sbatch goes on to make the job: the restarted daemon finds the job by its name and its
-    output file in this home, and follows it; the trial is not submitted a second time."""
-    import psutil
-
-    name = "det-local_e1_t1_r1"
-    others = slurm.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout.split()
-    start_daemon(dl, slurm)
-    # the job will wait in Slurm's queue until the daemon is back (its node drained)
-    slurm.run("scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=test")
-    stop_slurmctld(slurm)
-    try:
-        hp = {"batches": 6, "ckpt_every": 3, "record": str(dl.record_path)}
-        cfg, ctx = dl.trainer(hp, HPC)
-        assert dl.det("run", "--detach", cfg, ctx).rc == 0
-        daemon = psutil.Process(dl.daemon_pid())
-
-        def sbatch() -> int:
-            kids = daemon.children(recursive=True)
-            return next((p.pid for p in kids if p.name() == "sbatch"), 0)
-
-        pid = wait_for(sbatch, timeout=60, what="the daemon's sbatch")
-        dl.kill_daemon()
-    finally:
-        start_slurmctld(slurm)
-    try:
-        wait_for(lambda: gone(pid), timeout=60, what="the orphaned sbatch to end")
-        listed = slurm.run("squeue", "-h", "-n", name, "-o", "%i").stdout.split()
-        (made,) = set(listed) - set(others)  # earlier tests' homes had a job of that name
-        assert slurm_id(dl, 1) == 0  # the daemon never learnt it
-        start_daemon(dl, slurm)
-        wait_for(lambda: slurm_id(dl, 1) == int(made), timeout=30, what="the job adopted")
-    finally:
-        slurm.run("scontrol", "update", "NodeName=n1", "State=RESUME", check=False)
-    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=90, what="completion")
-    check_exact(dl, 1, 6)
-    assert f"adopted trial job 1 (pid {made}) still running" in daemon_events(dl)
-    assert submissions(dl) == 1 and [r["start"] for r in dl.records()] == [0]
-    listed = slurm.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout.split()
-    assert set(listed) - set(others) == {made}  # one job for the trial: not submitted again
 
 
 def test_kill_while_slurmctld_is_down_reaches_the_job_once_it_answers(
