@@ -143,6 +143,12 @@ class GangShares:
             experiment_id=job.experiment_id,
             trial_id=job.trial_id,
         )
+        if engine.loop is not None:  # offered again when the wait ends: no other event may come
+            engine.loop.call_later(OFFLOAD_BACKOFF_S + 0.1, self._offer_again)
+
+    def _offer_again(self) -> None:
+        if self.offloadable():
+            self.engine.queue.schedule()
 
     def check_storage(self, cfg: ExperimentConfig) -> None:
         """A trial across machines keeps its checkpoints where every machine reads them."""

@@ -143,6 +143,14 @@ def trial_log(node: Node, exp_id: int) -> str:
     return "\n".join(p.read_text(errors="replace") for p in logs)
 
 
+def relayed(owner: Node, exp_id: int, line: str = "RESULT rank=1") -> None:
+    """Wait until the owner's trial log holds `line`: a member's ranks' output reaches the
+    owner every LOG_EVERY_S, later on a loaded machine, and what a machine killed -9 had not
+    sent yet is gone with it. A test that kills a machine and then counts its lines waits
+    here first."""
+    wait_for(lambda: line in trial_log(owner, exp_id), timeout=60, what=f"{line!r} relayed")
+
+
 def ns_pids(node: Node) -> list[int]:
     out = node.in_ns("true")  # the namespace exists
     assert out.returncode == 0

@@ -52,3 +52,37 @@ def test_a_disabled_node_takes_no_anywhere_job_until_enabled(
     wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to run on n2")
     state, code, message = job_row(n1, job_id)
     assert code == 3 and message is not None and "on n2" in message, (code, message)
+
+
+def test_an_anywhere_job_a_peer_refused_is_offered_again_when_its_wait_ends(
+    net: Net,
+    tmp_path: Path,
+) -> None:
+    """A job sent whole to a peer that could not take it waits here for OFFLOAD_BACKOFF_S and
+    is then offered again by itself. (It used to wait for a later event to wake a pass:
+    another job, or the peer's free slots growing. When the peer's slots never changed, it
+    waited here until this machine's own slot came free: under load, when a first try
+    was too slow, the test above waited 60 s in vain.)"""
+    n1, n2 = two_nodes(net)
+    assert n2.cli("cluster", "node", "disable", "n2").returncode == 0
+    wait_for(lambda: _free_seen(n1, "n2") == 0, timeout=30, what="n1 to see n2 with none free")
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "300").returncode == 0
+    work = tmp_path / "work"
+    work.mkdir()
+    job_id = run_anywhere(n1, work, "sh", "-c", "exit 4")
+    away = tmp_path / "away"
+    work.rename(away)  # n2 refuses it once: its working directory is not there
+    assert n2.cli("cluster", "node", "enable", "n2").stdout == "node n2 enabled\n"
+    refused = f"the command's working directory {work} is not on this machine"
+    wait_for(lambda: refused in n2.log_text(), timeout=60, what="n2 to refuse the command")
+    wait_for(
+        lambda: f"command {job_id} waits here again" in n1.log_text(),
+        timeout=60,
+        what="the command back on n1",
+    )
+    assert job_row(n1, job_id)[0] == "QUEUED"
+    away.rename(work)
+    # nothing else happens: n2's free slot never changed, n1's own slot stays taken
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=60, what="the command to run on n2")
+    state, code, message = job_row(n1, job_id)
+    assert code == 4 and message is not None and "on n2" in message, (code, message)
