@@ -130,11 +130,18 @@ def wait_end(n1: Node, n2: Node, exp_id: int, timeout: float = 180) -> str:
             what=f"experiment {exp_id} to end",
         )
     except AssertionError:
-        pytest.fail(
-            f"experiment {exp_id} did not end\n--- n1\n{n1.log_text()[-6000:]}\n--- n2\n"
-            f"{n2.log_text()[-6000:]}\n--- trial log\n{trial_log(n1, exp_id)[-4000:]}"
-        )
-    return exp_state(n1, exp_id)
+        pytest.fail(f"experiment {exp_id} did not end\n{_story(n1, n2, exp_id)}")
+    state = exp_state(n1, exp_id)
+    if state != "COMPLETED":  # what led there, shown with a failed `== "COMPLETED"`
+        print(f"experiment {exp_id} ended {state}\n{_story(n1, n2, exp_id)}")
+    return state
+
+
+def _story(n1: Node, n2: Node, exp_id: int) -> str:
+    return (
+        f"--- n1\n{n1.log_text()[-6000:]}\n--- n2\n{n2.log_text()[-6000:]}\n"
+        f"--- trial log\n{trial_log(n1, exp_id)[-4000:]}"
+    )
 
 
 def trial_log(node: Node, exp_id: int) -> str:
