@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from det_local.config.experiment import ExperimentConfig
 
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
+OFFLOAD_BACKOFF_MAX_S = 300.0  # ... doubled at each time it comes back, up to this
 UNCLAIMED_S = REATTACH_S + 5.0
 
 
@@ -63,6 +64,7 @@ class GangShares:
         self.peer_requeues: dict[int, int] = {}  # owner trial id -> requeues for lost machines
         self.max_peer_requeues = 5  # federation.max_peer_requeues
         self.stay_until: dict[int, float] = {}  # job id -> not offered to peers before (monotonic)
+        self.came_back: dict[int, int] = {}  # job id -> times it came back from a peer
         # shares found running after a restart, until the placer takes them back (job ids)
         self.adopted: set[int] = set()
         # MEMBER shares whose ranks died with this daemon (found gone at its restart): job id
@@ -126,7 +128,7 @@ class GangShares:
 
     def back_home(self, job_id: int, why: str) -> None:
         """A trial sent to run on a peer (`offload_waiting`) could not be placed there: it waits
-        here again, in its place, and is not offered to peers for a while."""
+        here again, in its place, offered again after a wait that doubles each time it does."""
         engine = self.engine
         job = engine.store.jobs.peek(job_id)
         if job.gang is None or job.state not in (QUEUED, RESERVED):
@@ -137,12 +139,22 @@ class GangShares:
             engine.queue.preempting.discard(job_id)
         engine.store.jobs.set_gang(job_id, None, size)
         engine.queue.hold_back.pop(job_id, None)
-        self.stay_until[job_id] = time.monotonic() + OFFLOAD_BACKOFF_S
+        times = self.came_back[job_id] = self.came_back.get(job_id, 0) + 1
+        wait = min(OFFLOAD_BACKOFF_S * 2 ** (times - 1), OFFLOAD_BACKOFF_MAX_S)
+        self.stay_until[job_id] = time.monotonic() + wait
         engine.note(
             f"{_what(job)} waits here again: {why}",
             experiment_id=job.experiment_id,
             trial_id=job.trial_id,
         )
+        if engine.loop is not None:  # offered again when the wait ends: no other event may come
+            engine.loop.call_later(wait + 0.1, self._offer_again)
+
+    def _offer_again(self) -> None:
+        waits = {j.id for j in self.engine.store.jobs.active() if j.state in (QUEUED, RESERVED)}
+        self.came_back = {j: n for j, n in self.came_back.items() if j in waits}  # ran: forgotten
+        if self.offloadable():
+            self.engine.queue.schedule()
 
     def check_storage(self, cfg: ExperimentConfig) -> None:
         """A trial across machines keeps its checkpoints where every machine reads them."""

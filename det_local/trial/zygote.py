@@ -11,18 +11,19 @@ It imports the modules (and, of torch, what torch imports lazily on a trial's fi
 ``LAZY``), checks that the fork is safe (CUDA not initialised; no thread but the main one and
 fork-safe helpers, FORK_SAFE_THREADS, once a probe fork has let libraries stop their pools with
 their own atfork handlers; jemalloc's background thread is switched off before the preload), then
-listens on SOCKET (its directory is the user's, mode 0700; the socket 0600) for fork requests,
+listens on SOCKET (its directory is the user's, mode 0700; the socket 0600; bound as SOCKET.new and
+renamed into place once listening: the path never names a socket that refuses) for fork requests,
 accepted only from the daemon's uid (SO_PEERCRED: root or DAEMON_UID). A request is the trial's log
 descriptor (SCM_RIGHTS) and a frame ``{t: fork, argv, env, cwd, umask, exit_file}``; the zygote
 forks. The child makes itself what a fresh trial process would be (its own session, umask,
 stdout/stderr to the log, stdin /dev/null), answers ``{t: forked, pid}`` (so the daemon's process
-group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once the daemon has
-moved it into the job's cgroup, having checked the pid), takes its cwd, exactly ``env`` (plus what a
-fresh interpreter adds to it at start-up: the C locale coercion's LC_CTYPE,
+group is there when it learns the pid), waits for the daemon's ``{t: go}`` (sent once the daemon
+has moved it into the job's cgroup, having checked the pid), takes its cwd, exactly ``env`` (plus
+what a fresh interpreter adds to it at start-up: the C locale coercion's LC_CTYPE,
 :func:`interpreter_added`, and what the preloaded modules set at import, as the trial's own imports
 of them would), ``sys.argv``, ``sys.path[0]`` the script's directory, then runs the script with
-``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is a fresh fork of
-the zygote, which runs no trial code itself.
+``runpy.run_path`` as ``__main__``. A trial cannot leak state into the next: each is a fresh fork
+of the zygote, which runs no trial code itself.
 
 The zygote reaps its children and writes each one's exit status (the wrapper's convention:
 128+N for signal N) to its ``exit_file`` before the pid disappears (waitid WNOWAIT), so the
@@ -235,12 +236,18 @@ class Zygote:
         except OSError:
             self.daemon_fd = None  # gone already: serve nothing
             self.accepting = False
-        if os.path.lexists(sock_path):
-            os.unlink(sock_path)
+        # bound and listening under another name, then renamed into place: the daemon takes
+        # the socket's path for "ready" and connects at once, which a socket bound but not
+        # yet listening refuses (the daemon then distrusts the zygote: its trials go cold)
+        new = f"{sock_path}.new"
+        for path in (sock_path, new):
+            if os.path.lexists(path):
+                os.unlink(path)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(sock_path)
-        os.chmod(sock_path, 0o600)
+        self.listener.bind(new)
+        os.chmod(new, 0o600)
         self.listener.listen(16)
+        os.rename(new, sock_path)
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
 
     def stop(self) -> None:

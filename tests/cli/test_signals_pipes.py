@@ -52,10 +52,18 @@ def _head(proc: subprocess.Popen[bytes], n: int = 3) -> list[bytes]:
     return lines
 
 
-def _stops(proc: subprocess.Popen[bytes], sig: int) -> float:
-    """Send SIG twice, a moment apart; how long the CLI took to exit after the second."""
+def _stops(proc: subprocess.Popen[bytes], sig: int, dl: Env | None = None) -> float:
+    """Send SIG twice; how long the CLI took to exit after the second. With `dl`: the second
+    once the first was handled (experiment 1 STOPPING_PAUSED: a pause asked; the trial ignores
+    it); else a moment apart (a command's first stop leaves no trace the test can read)."""
     proc.send_signal(sig)
-    time.sleep(1.0)  # the first is handled (pause asked); the trial ignores it
+    if dl is not None:
+        wait_for(
+            lambda: dl.experiment(1).state == State.STOPPING_PAUSED,
+            what="the first signal to ask for a pause",
+        )
+    else:
+        time.sleep(1.0)  # two signals pending at once would be one
     assert proc.poll() is None, "the first signal only pauses"
     proc.send_signal(sig)
     t0 = time.monotonic()
@@ -79,7 +87,7 @@ def test_run_piped_to_head_then_ctrl_c_twice(dl: Env) -> None:
     lines = _head(proc)
     assert lines[0] == b"Created experiment 1\n", lines
     pid = _trial_pid(dl)
-    took = _stops(proc, signal.SIGINT)
+    took = _stops(proc, signal.SIGINT, dl)
     assert proc.returncode == 3, proc.returncode  # paused: as `run` says after a Ctrl-C
     assert took < BOUND_S
     assert dl.experiment(1).state == State.PAUSED
@@ -94,7 +102,7 @@ def test_run_into_a_full_pipe_then_ctrl_c_twice(dl: Env) -> None:
         lambda: os.path.getsize(dl.paths.trial_log(1, 1)) > 1 << 20,
         what="the trial to write far more than a pipe holds",
     )
-    _stops(proc, signal.SIGINT)
+    _stops(proc, signal.SIGINT, dl)
     assert proc.returncode == 3, proc.returncode
     assert dl.experiment(1).state == State.PAUSED
     wait_for(lambda: gone(pid), timeout=10, what="the trial to end")
@@ -107,7 +115,7 @@ def test_run_piped_to_head_then_sigterm_twice(dl: Env) -> None:
     proc = _piped(dl, "run", cfg, ctx)
     _head(proc)
     pid = _trial_pid(dl)
-    _stops(proc, signal.SIGTERM)
+    _stops(proc, signal.SIGTERM, dl)
     assert proc.returncode == 3, proc.returncode
     assert dl.experiment(1).state == State.PAUSED
     wait_for(lambda: gone(pid), timeout=10, what="the trial to end")
@@ -119,12 +127,12 @@ def test_activate_and_cmd_run_piped_to_head_then_ctrl_c_twice(dl: Env) -> None:
     proc = _piped(dl, "run", cfg, ctx)
     _head(proc)
     _trial_pid(dl)
-    _stops(proc, signal.SIGINT)
+    _stops(proc, signal.SIGINT, dl)
     (dl.tmp / "trial.pid").unlink()
     proc = _piped(dl, "experiment", "activate", "1")
     _head(proc)
     pid = _trial_pid(dl)
-    _stops(proc, signal.SIGINT)
+    _stops(proc, signal.SIGINT, dl)
     assert dl.experiment(1).state == State.PAUSED
     wait_for(lambda: gone(pid), timeout=10, what="the trial to end")
     # `cmd run -f`: the first Ctrl-C stops the command (SIGTERM), the second kills it; a

@@ -184,7 +184,9 @@ def printed_token(out: Path) -> str:
     return found.group(1) if found else ""
 
 
-def serve(world: World, *args: str) -> Iterator[Server]:
+def _start(world: World, args: tuple[str, ...]) -> Server | None:
+    """`det-local dashboard ARGS` on a port free when chosen; None when another process took
+    that port before the dashboard bound it (it exits with one line saying so)."""
     port = free_port()
     out = world.tmp / f"dashboard-{port}.out"
     with open(out, "wb") as f:
@@ -195,27 +197,34 @@ def serve(world: World, *args: str) -> Iterator[Server]:
             stdout=f,
             stderr=subprocess.STDOUT,
         )
-    server = Server(proc, f"http://127.0.0.1:{port}", out)
+    # its address is printed once the port is bound and listening
+    wait_for(
+        lambda: printed_token(out) or proc.poll() is not None,
+        timeout=30,
+        what="the dashboard to listen",
+    )
+    if proc.poll() is None:
+        return Server(proc, f"http://127.0.0.1:{port}", out, printed_token(out))
+    assert "cannot listen on" in out.read_text(), out.read_text()
+    return None
 
-    def up() -> bool:
-        assert proc.poll() is None, out.read_text()
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
 
+def serve(world: World, *args: str) -> Iterator[Server]:
+    server = None
+    for _attempt in range(5):
+        server = _start(world, args)
+        if server is not None:
+            break
+    assert server is not None, "no free port in 5 tries"
     try:
-        wait_for(up, timeout=30, what="the dashboard to listen")
-        server.token = wait_for(lambda: printed_token(out), timeout=30, what="its address")
         yield server
     finally:
-        proc.terminate()
+        server.proc.terminate()
         try:
-            proc.wait(10)
+            server.proc.wait(10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            server.proc.kill()
+            server.proc.wait()
         kill_home_processes(world.home)
 
 

@@ -245,13 +245,22 @@ class Node:
                 env={"PATH": os.environ["PATH"]},
                 start_new_session=True,
             )
+        # the daemon writes its pid file (atomically) once it serves; a daemon killed with -9
+        # left its own behind: wait for the file naming this one
         wait_for(
-            lambda: self.home.joinpath("run", "daemon.pid").exists() or self._died(),
+            lambda: self._serving() or self._died(),
             timeout=60,
             what=f"daemon n{self.index} to start",
         )
         assert not self._died(), self.log_text()
         return self
+
+    def _serving(self) -> bool:
+        try:
+            info = json.loads(self.home.joinpath("run", "daemon.pid").read_text())
+        except (OSError, ValueError):
+            return False
+        return self.proc is not None and info.get("pid") == self.proc.pid
 
     def _died(self) -> bool:
         return self.proc is not None and self.proc.poll() is not None

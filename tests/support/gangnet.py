@@ -130,17 +130,32 @@ def wait_end(n1: Node, n2: Node, exp_id: int, timeout: float = 180) -> str:
             what=f"experiment {exp_id} to end",
         )
     except AssertionError:
-        pytest.fail(
-            f"experiment {exp_id} did not end\n--- n1\n{n1.log_text()[-6000:]}\n--- n2\n"
-            f"{n2.log_text()[-6000:]}\n--- trial log\n{trial_log(n1, exp_id)[-4000:]}"
-        )
-    return exp_state(n1, exp_id)
+        pytest.fail(f"experiment {exp_id} did not end\n{_story(n1, n2, exp_id)}")
+    state = exp_state(n1, exp_id)
+    if state != "COMPLETED":  # what led there, shown with a failed `== "COMPLETED"`
+        print(f"experiment {exp_id} ended {state}\n{_story(n1, n2, exp_id)}")
+    return state
+
+
+def _story(n1: Node, n2: Node, exp_id: int) -> str:
+    return (
+        f"--- n1\n{n1.log_text()[-6000:]}\n--- n2\n{n2.log_text()[-6000:]}\n"
+        f"--- trial log\n{trial_log(n1, exp_id)[-4000:]}"
+    )
 
 
 def trial_log(node: Node, exp_id: int) -> str:
     path = node.home / "experiments" / str(exp_id)
     logs = list(path.rglob("*.log"))
     return "\n".join(p.read_text(errors="replace") for p in logs)
+
+
+def relayed(owner: Node, exp_id: int, line: str = "RESULT rank=1") -> None:
+    """Wait until the owner's trial log holds `line`: a member's ranks' output reaches the
+    owner every LOG_EVERY_S, later on a loaded machine, and what a machine killed -9 had not
+    sent yet is gone with it. A test that kills a machine and then counts its lines waits
+    here first."""
+    wait_for(lambda: line in trial_log(owner, exp_id), timeout=60, what=f"{line!r} relayed")
 
 
 def ns_pids(node: Node) -> list[int]:

@@ -38,19 +38,29 @@ class Victim:
     def __init__(self, home: Path, key: bytes | None, **env: str) -> None:
         self.home = home
         self.key = key
-        self.port = free_port()
         home.mkdir(parents=True, exist_ok=True)
         if key is not None:
             keys.write_key(home / "cluster.key", key)
+        self.log = home / "daemon-test.log"
+        # a port free when chosen may be taken (another process's connection) before the
+        # daemon binds it: federation is then off, saying so; started again on another port
+        for _attempt in range(5):
+            self._start(free_port(), env)
+            if f"cannot listen on 127.0.0.1:{self.port}" not in self.text():
+                break
+            self.stop()
+            (home / "run" / "daemon.pid").unlink(missing_ok=True)
+
+    def _start(self, port: int, env: dict[str, str]) -> None:
+        self.port = port
         self.env = cli_env(
-            home,
+            self.home,
             DET_LOCAL_NODE_ID="victim",
             DET_LOCAL_FED_PORT=str(self.port),
             DET_LOCAL_FED_LISTEN="127.0.0.1",
             DET_LOCAL_MDNS="0",
             **env,
         )
-        self.log = home / "daemon-test.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "det_local.cli.main", "daemon"],
@@ -60,7 +70,14 @@ class Victim:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        wait_for(lambda: (home / "run" / "daemon.pid").exists(), timeout=60, what="daemon up")
+        # written once the daemon serves, its federation started (listening, or saying why not)
+        pid_file = self.home / "run" / "daemon.pid"
+        wait_for(
+            lambda: pid_file.exists() or self.proc.poll() is not None,
+            timeout=60,
+            what="daemon up",
+        )
+        assert self.proc.poll() is None, self.text()
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -709,10 +709,9 @@ def test_checkpoint_layout(storage: Path) -> None:
     assert state["models_state_dict"][0]["weight"].item() == pytest.approx(w_after(2), rel=1e-6)
 
 
-def test_ddp_module_prefix_is_fixed_both_ways() -> None:
+def test_ddp_module_prefix_is_fixed_both_ways(tmp_path: Path) -> None:
     import torch.distributed as dist
 
-    from det_local.launch.ports import free_port
     from det_local.trial.pytorch.checkpoints._checkpoint import load_models
 
     plain = torch.nn.Linear(2, 1)
@@ -721,8 +720,9 @@ def test_ddp_module_prefix_is_fixed_both_ways() -> None:
     load_models([plain], {"models_state_dict": [ddp_style]}, "checkpoint x", None, object)
     assert torch.equal(plain.weight, source.weight)
 
-    port = free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # a file store: no port to choose (one free when chosen may be taken before it is bound)
+    store = tmp_path / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         wrapped = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
         load_models(

@@ -82,11 +82,37 @@ def serving(dl: Env, port: int) -> bool:
     return get(dl, port, "/api/experiments")[0] == 200
 
 
+def _dashboard(dl: Env, port: int) -> str | None:
+    """ "up" (serving), "taken" (its port was taken: its log says so), or None yet."""
+    if serving(dl, port):
+        return "up"
+    log = dl.paths.dashboard_log
+    if log.exists() and f"cannot listen on 127.0.0.1:{port}:" in log.read_text():
+        return "taken"
+    return None
+
+
+def daemon_with_dashboard(dl: Env) -> tuple[int, int]:
+    """A daemon serving its dashboard on a port free when chosen: (its pid, the port).
+    Another process may take that port before the dashboard binds it: the daemon is then
+    started again on another."""
+    for _attempt in range(5):
+        port = free_port()
+        pid = dl.daemon_start({"dashboard": {"port": port}})
+        state = wait_for(
+            lambda port=port: _dashboard(dl, port),
+            timeout=30,
+            what="the daemon's dashboard to serve",
+        )
+        if state == "up":
+            return pid, port
+        assert dl.det("daemon", "stop").rc == 0
+    raise AssertionError("no free port in 5 tries")
+
+
 def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
     dl = reachable
-    port = free_port()
-    pid = dl.daemon_start({"dashboard": {"port": port}})
-    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
+    pid, port = daemon_with_dashboard(dl)
     assert get(dl, port, "/api/experiments") == (200, [])
     (child,) = dashboards(pid)
     if os.geteuid() == 0:  # a root daemon's dashboard is never root
@@ -129,9 +155,7 @@ def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
 
 def test_dashboard_ends_when_the_daemon_is_killed(reachable: Env) -> None:
     dl = reachable
-    port = free_port()
-    pid = dl.daemon_start({"dashboard": {"port": port}})
-    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
+    pid, port = daemon_with_dashboard(dl)
     (child,) = dashboards(pid)
     dl.kill_daemon()  # kill -9: no stop() runs; the pipe's end closes with the process
     wait_for(lambda: gone(child.pid), what="the orphaned dashboard to exit")
@@ -208,9 +232,7 @@ def test_every_user_logs_in_and_sees_what_every_user_may_read(
     os.chown(private, pw.pw_uid, pw.pw_gid)
     os.chmod(private, 0o600)
 
-    port = free_port()
-    dl.daemon_start({"dashboard": {"port": port}})
-    wait_for(lambda: serving(dl, port), timeout=30, what="the daemon's dashboard to serve")
+    _pid, port = daemon_with_dashboard(dl)
     base = f"http://127.0.0.1:{port}"
     status, body = curl(B, f"{base}/api/experiments")
     assert status == 401 and "det-local dashboard --url" in _json.loads(body)["error"]

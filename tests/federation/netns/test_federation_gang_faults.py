@@ -195,7 +195,7 @@ def test_a_member_dying_just_after_its_ranks_is_a_machine_lost(net: Net, tmp_pat
     t0 = time.monotonic()
     wait_for(
         lambda: "the trial's ranks on n2 exited with" in n1.log_text(),
-        timeout=10,
+        timeout=30,
         what="the member's report of its ranks' exit",
     )
     n2.signal_all(signal.SIGKILL)  # the machine goes down just after
@@ -246,7 +246,7 @@ def test_a_link_down_for_20s_stops_both_sides_and_the_stale_run_never_commits(
         survivors_stop(owner_ranks, t0, "the owner's ranks to stop")
         survivors_stop(member_ranks, t0, "the member's ranks to stop (its owner lost)")
         requeued(n1, exp_id)
-        wait_for(lambda: member_jobs(n2) and member_jobs(n2)[0][0] == "DONE", timeout=10)
+        wait_for(lambda: member_jobs(n2) and member_jobs(n2)[0][0] == "DONE", timeout=30)
         assert "n1 was lost" in member_jobs(n2)[0][2], member_jobs(n2)
         with db(n1) as conn:
             during = conn.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]

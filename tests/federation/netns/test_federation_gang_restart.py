@@ -19,6 +19,7 @@ from tests.support.gangnet import (
     experiment,
     pytestmark,  # noqa: F401  (root, iproute2; slow)
     rank_pids,
+    relayed,
     submit,
     trial_log,
     two_nodes,
@@ -125,6 +126,7 @@ def test_an_owner_killed_whole_stops_the_members_and_requeues_on_restart(
     cfg, ctx = experiment(tmp_path, env={"STEPS": "30", "STEP_SLEEP": "0.3"})
     exp_id = submit(n1, cfg, ctx)
     wait_for(lambda: checkpoints(n1, exp_id) >= 2, timeout=90, what="two checkpoints")
+    relayed(n1, exp_id)  # counted at the end: relayed before the owner dies
     members = rank_pids(n2)
     assert members
     t0 = time.monotonic()

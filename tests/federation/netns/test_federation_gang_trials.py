@@ -253,7 +253,7 @@ def test_pytorch_trial_pauses_and_resumes_across_two_machines(
     exp_id = submit(n1, cfg, ctx)
     wait_for(marker.exists, timeout=90, what="the ranks to hold at batch 10")
     wait_for(  # paused after a checkpoint
-        lambda: checkpoint_steps(n1.home, exp_id) == [4, 8], timeout=10, what="checkpoint 8"
+        lambda: checkpoint_steps(n1.home, exp_id) == [4, 8], timeout=30, what="checkpoint 8"
     )
     res = n1.cli("experiment", "pause", str(exp_id))
     assert res.returncode == 0, res.stderr
@@ -261,10 +261,10 @@ def test_pytorch_trial_pauses_and_resumes_across_two_machines(
     # every rank on both machines is gone; the member's share ended
     wait_for(
         lambda: not trial_processes(n1) and not trial_processes(n2),
-        timeout=10,
+        timeout=30,
         what="no trial process on either machine",
     )
-    wait_for(lambda: member_jobs(n2) == [("DONE",)], timeout=10, what="the member's share done")
+    wait_for(lambda: member_jobs(n2) == [("DONE",)], timeout=30, what="the member's share done")
     assert checkpoint_steps(n1.home, exp_id) == [4, 8, 10]  # the preemption's checkpoint
 
     res = n1.cli("experiment", "activate", str(exp_id))

@@ -31,7 +31,7 @@ pytestmark = [
 MDNS = {"DET_LOCAL_FED_INTERFACES": "eth0"}
 NO_MDNS = {"DET_LOCAL_MDNS": "0"}
 DEAD_BOUND_S = 5.0
-POLL_SLACK_S = 2.5  # one `cluster peers` round trip on a loaded 2-core machine
+TICK_SLACK_S = 2.0  # the heartbeat tick (0.25 s) late on a loaded 2-core machine
 
 
 @pytest.fixture
@@ -40,6 +40,12 @@ def net(tmp_path: Path) -> Iterator[Net]:
     with Net(tmp_path) as n:
         yield n
     assert not [ns for ns in namespaces() if ns.startswith(n.prefix)]
+
+
+def _line(node: Node, text: str) -> str | None:
+    """The node's last log line holding `text`."""
+    lines = [line for line in node.log_text().splitlines() if text in line]
+    return lines[-1] if lines else None
 
 
 def alive_set(node: Node) -> set[str]:
@@ -87,17 +93,20 @@ def test_mdns_cluster_late_joiner_and_failures(net: Net) -> None:
     status = n1.cli("daemon", "status").stdout
     assert "federation: on, node n1, port 47800, 3 live peer(s)" in status
 
-    # kill -9 of a peer: dead within the bound
+    # kill -9 of a peer: dead within the bound, as the daemon measures it (the silence it
+    # logs; a `cluster peers` round trip on a loaded machine is no part of it)
     late.kill()
-    t = wait_state(n1, "n4", "dead", timeout=DEAD_BOUND_S + POLL_SLACK_S + 5)
-    assert t <= DEAD_BOUND_S + POLL_SLACK_S, t
+    wait_state(n1, "n4", "dead", timeout=DEAD_BOUND_S + 30)
     # the view computes the state from the silence; the log line comes with the next tick
-    wait_for(lambda: "peer n4 is dead" in n1.log_text(), timeout=5, what="n1 logs n4 dead")
+    line = wait_for(lambda: _line(n1, "peer n4 is dead (silent "), timeout=30, what="n4 dead")
+    silent = float(line.split("(silent ")[1].split("s)")[0])
+    assert DEAD_BOUND_S <= silent <= DEAD_BOUND_S + TICK_SLACK_S, line
 
-    # SIGSTOP: suspect, then dead; SIGCONT: alive again
+    # SIGSTOP: suspect, then dead; SIGCONT: alive again (suspect lasts 2 s, less than a
+    # `cluster peers` round trip may take: the daemon's line says it was)
     n3.kill(signal.SIGSTOP)
-    wait_state(n1, "n3", "suspect", timeout=10)
-    wait_state(n1, "n3", "dead", timeout=10)
+    wait_for(lambda: _line(n1, "peer n3 is suspect"), timeout=30, what="n1 to see n3 suspect")
+    wait_state(n1, "n3", "dead", timeout=30)
     n3.kill(signal.SIGCONT)
     wait_state(n1, "n3", "alive", timeout=30)
 
@@ -111,8 +120,8 @@ def test_mdns_cluster_late_joiner_and_failures(net: Net) -> None:
     # cluster leave: the others see it go at once, nothing listens there any more
     res = n3.cli("cluster", "leave")
     assert res.returncode == 0, res.stderr
-    wait_state(n1, "n3", "dead", timeout=5)
-    wait_for(lambda: "peer n3 left" in n1.log_text(), timeout=5, what="n1 logs n3 left")
+    wait_state(n1, "n3", "dead", timeout=30)
+    wait_for(lambda: "peer n3 left" in n1.log_text(), timeout=30, what="n1 logs n3 left")
     probe = n1.in_ns(
         "python3", "-c", "import socket; socket.create_connection(('10.77.0.3', 47800), 3)"
     )
@@ -134,7 +143,7 @@ def test_static_peers_one_address_restart_and_duplicate_id(net: Net) -> None:
     n2.kill()
     n2.start()
     wait_for(lambda: alive_set(n1) == {"n2", "n3"}, timeout=30, what="n2 back")
-    wait_for(lambda: "peer n2 reattached after" in n1.log_text(), timeout=10, what="reattach")
+    wait_for(lambda: "peer n2 reattached after" in n1.log_text(), timeout=30, what="reattach")
     wait_for(lambda: alive_set(n2) == {"n1", "n3"}, timeout=30, what="n2 sees all again")
 
     # a cloned machine: a second host claims n3's id while n3 is alive

@@ -346,8 +346,9 @@ try:
     after = conn.recv(4096)
 except OSError:
     after = b""
-with open(record, "w") as f:
+with open(record + ".tmp", "w") as f:  # renamed into place: the test never reads half of it
     json.dump({"after": after.decode("latin-1"), "request": request["t"]}, f)
+os.replace(record + ".tmp", record)
 time.sleep(120)
 """
 

@@ -71,6 +71,36 @@ def _start(tmp_path: Path, daemon_pid: int, modules: str = "json") -> subprocess
     return proc
 
 
+# its socket's listen() watched: whether the socket's path existed when it was called
+LISTEN_SPY = r"""
+import os, socket, sys
+from det_local.trial.zygote import Zygote
+path = sys.argv[1]
+seen = []
+real = socket.socket.listen
+def listen(self, *args):
+    seen.append(os.path.lexists(path))
+    return real(self, *args)
+socket.socket.listen = listen
+Zygote(path, os.getpid(), 0, {})
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+    conn.connect(path)
+print(seen, sorted(os.listdir(os.path.dirname(path))))
+"""
+
+
+def test_its_socket_path_appears_only_once_it_listens(tmp_path: Path) -> None:
+    """The daemon takes the socket's path for "ready" and connects at once: a socket bound
+    but not yet listening refuses that (ECONNREFUSED), and the daemon then distrusts the
+    zygote (its experiment's trials all start cold). So the socket is bound under another
+    name and renamed into place once it listens: the path never names a deaf socket."""
+    r = subprocess.run(
+        [sys.executable, "-c", LISTEN_SPY, str(tmp_path / "s")], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[False] ['s']\n", r.stdout
+
+
 def test_a_module_that_cannot_be_preloaded_ends_it_with_one_line(tmp_path: Path) -> None:
     proc = _start(tmp_path, os.getpid(), "json,no_such_module_xyz")
     out, err = proc.communicate(timeout=60)
