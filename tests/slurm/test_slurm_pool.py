@@ -188,7 +188,7 @@ def test_daemon_killed_while_a_job_runs_adopts_it(dl: Env, slurm: slurmkit.Slurm
 
 
 def test_asha_search_across_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
-    from tests.search.test_search_daemon import SCRIPT
+    from tests.support.searchkit import GATED_SCRIPT
 
     start_daemon(dl, slurm)
     (dl.tmp / "go").touch()
@@ -213,7 +213,7 @@ def test_asha_search_across_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
         "reproducibility": {"experiment_seed": 11},
         "max_restarts": 0,
     }
-    cfg, ctx = dl.context(SCRIPT, config)
+    cfg, ctx = dl.context(GATED_SCRIPT, config)
     r = dl.det("run", cfg, ctx, timeout=240)
     assert r.rc == 0, r
     assert "Experiment 1 (ctx) COMPLETED" in r.out
@@ -237,7 +237,7 @@ def test_slurm_job_id_survives_in_embedded_run(dl: Env, slurm: slurmkit.Slurm) -
 
 
 def test_pytorch_trial_runs_on_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
-    from tests.trial.test_pytorch_run import TRAIN, config
+    from tests.support.trials.pytorch import TRAIN, config
 
     start_daemon(dl, slurm)
     cfg, ctx = dl.context(TRAIN, {**config("pt", {"batches": 8}), **HPC})
