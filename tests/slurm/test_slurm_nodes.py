@@ -89,6 +89,7 @@ def where(text: str) -> dict[int, dict[str, str]]:
     return found
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
@@ -136,6 +137,7 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes
         torch.testing.assert_close(w, weights1[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
@@ -199,6 +201,7 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
     assert slurm.queue() == []
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_two_node_trial_at_its_time_limit_continues_in_a_second_job(
     dl: Env, slurm: slurmnodes.Nodes
@@ -228,6 +231,7 @@ def test_two_node_trial_at_its_time_limit_continues_in_a_second_job(
     assert slurm.queue() == []
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """kill: scancel takes both nodes' ranks; a rank failing on the second node ends the job
@@ -258,6 +262,7 @@ def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmno
     wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
@@ -312,6 +317,7 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """DeepSpeed's launcher on each node (no hostfile over several nodes: torchrun's
@@ -342,6 +348,7 @@ def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> Non
     assert slurm.queue() == []
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 def test_a_one_node_trials_cluster_info_is_its_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """get_cluster_info() in a 1-slot trial on a Slurm node: that node's agent, rank 0 of one

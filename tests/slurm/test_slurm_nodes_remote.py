@@ -37,6 +37,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmnodes.Nodes
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.netns
 def test_a_two_node_trial_reports_over_the_tcp_channel(dl: Env, slurm: slurmnodes.Nodes) -> None:
     shared = Path(tempfile.mkdtemp(prefix="shared-", dir=slurm.root))
     for sub in ("", "stage", "ckpts"):

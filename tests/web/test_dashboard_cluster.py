@@ -182,6 +182,7 @@ FETCH = (  # GET argv[1] with the token the daemon wrote (argv[2]: its file)
 )
 
 
+@pytest.mark.netns
 def test_cluster_page_of_a_two_node_federation(open_root: Path) -> None:
     import sys
 
