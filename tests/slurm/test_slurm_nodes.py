@@ -24,9 +24,13 @@ from det_local.slurm import node
 from det_local.store.states import State
 from tests.support import slurmnodes
 from tests.support.paths import FIXTURES
-from tests.support.slurmnodes import CORE, core_config, core_lines
+from tests.support.trials.nodes import CORE, core_config, core_lines
 from tests.support.users import A, Shared
 from tests.support.world import Env, kill_home_processes, wait_for
+
+# the module's Slurm is two slurmd in network namespaces (its few unit tests are marked too, so
+# that a test added here that uses `slurm` is)
+pytestmark = pytest.mark.netns
 
 DDP = FIXTURES / "ddp_trial.py"
 # each rank says where it runs (its node's hostname and the DET_AGENT_ID the script gave it)
@@ -89,7 +93,6 @@ def where(text: str) -> dict[int, dict[str, str]]:
     return found
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
@@ -137,7 +140,6 @@ def test_torch_distributed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes
         torch.testing.assert_close(w, weights1[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     start_daemon(dl, slurm)
@@ -201,7 +203,6 @@ def test_core_api_trial_over_two_nodes_pauses_and_resumes(dl: Env, slurm: slurmn
     assert slurm.queue() == []
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_two_node_trial_at_its_time_limit_continues_in_a_second_job(
     dl: Env, slurm: slurmnodes.Nodes
@@ -231,7 +232,6 @@ def test_two_node_trial_at_its_time_limit_continues_in_a_second_job(
     assert slurm.queue() == []
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """kill: scancel takes both nodes' ranks; a rank failing on the second node ends the job
@@ -262,7 +262,6 @@ def test_two_node_trials_killed_or_failing_leave_nothing(dl: Env, slurm: slurmno
     wait_for(lambda: slurm.node_processes() == empty, timeout=30, what="the nodes to be empty")
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None,
@@ -317,7 +316,6 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """DeepSpeed's launcher on each node (no hostfile over several nodes: torchrun's
@@ -348,7 +346,6 @@ def test_deepspeed_trial_over_two_nodes(dl: Env, slurm: slurmnodes.Nodes) -> Non
     assert slurm.queue() == []
 
 
-@pytest.mark.netns
 @pytest.mark.slow
 def test_a_one_node_trials_cluster_info_is_its_nodes(dl: Env, slurm: slurmnodes.Nodes) -> None:
     """get_cluster_info() in a 1-slot trial on a Slurm node: that node's agent, rank 0 of one

@@ -16,10 +16,10 @@ import pytest
 
 from det_local.store.states import State
 from tests.support import slurmkit, slurmnodes
-from tests.support.slurmnodes import CORE, core_config, core_lines
+from tests.support.trials.nodes import CORE, core_config, core_lines
 from tests.support.world import Env, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmnodes.Nodes
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.netns
 def test_a_two_node_trial_reports_over_the_tcp_channel(dl: Env, slurm: slurmnodes.Nodes) -> None:
     shared = Path(tempfile.mkdtemp(prefix="shared-", dir=slurm.root))
     for sub in ("", "stage", "ckpts"):
