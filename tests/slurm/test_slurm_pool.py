@@ -4,7 +4,6 @@ control (pause, kill, time limits, jobs lost to the cluster), adoption after a d
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,11 +13,6 @@ from tests.support import slurmkit
 from tests.support.world import Env, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    yield from slurmkit.slurm_fixture(tmp_path_factory)
 
 
 def pools(**slurm_settings: Any) -> dict[str, Any]:

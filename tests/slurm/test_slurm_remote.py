@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,16 @@ from det_local.slurm.stage import check_stage_dir
 from det_local.store.states import State
 from det_local.wire import channel, rpc
 from tests.support import slurmkit
-from tests.support.slurmproxy import config, daemon_log, start
+from tests.support.slurmproxy import config, daemon_log, shared, start
 from tests.support.world import Env, one_line_error, wait_for
 
 pytestmark = pytest.mark.slow
+__all__ = ["shared"]  # the fixture (tests/support/slurmproxy.py), used by name
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    hidden = tmp_path_factory.getbasetemp()
-    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(hidden,))
+def slurm(slurm_hiding_tests: slurmkit.Slurm) -> slurmkit.Slurm:
+    return slurm_hiding_tests  # the folder's (tests/slurm/conftest.py)
 
 
 PROBE = """

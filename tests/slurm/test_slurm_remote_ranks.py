@@ -26,9 +26,8 @@ __all__ = ["shared"]  # the fixture, used by name
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    hidden = tmp_path_factory.getbasetemp()
-    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(hidden,))
+def slurm(slurm_hiding_tests: slurmkit.Slurm) -> slurmkit.Slurm:
+    return slurm_hiding_tests  # the folder's (tests/slurm/conftest.py)
 
 
 def hellos(proxy: Proxy) -> list[dict[str, Any]]:
