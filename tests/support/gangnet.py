@@ -211,6 +211,10 @@ def job_row(node: Node, job: int) -> tuple[str, int | None, str | None]:
     return (str(row[0]), row[1], row[2])
 
 
+# ---------------------------------------------------------------------------- faults
+# A gang trial whose ranks fail (FAIL_RANK at FAIL_AT) or go slowly (STEP_SLEEP) on demand,
+# checkpointing every step, and readers of what a faulted gang left in the owner's store
+# (tests/federation/netns/test_federation_gang_faults.py, test_federation_gang_lost.py).
 FAULT_SCRIPT = """
 import os, sys, time
 import torch

@@ -174,7 +174,8 @@ def _submit_raw(config: dict[str, Any], context: str) -> Any:
     return spool.request(p, "submit", payload, timeout=30)
 
 
-# ---------------------------------------------------------------------------- helpers
+# ---------------------------------------------------------------------------- a user's trial
+# tests/security/: a root daemon runs it as its user; the test reads what the trial sees
 def trial_context(sh: Shared, name: str) -> Path:
     ctx = sh.out / name
     ctx.mkdir()
