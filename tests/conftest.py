@@ -113,9 +113,11 @@ def _is_descendant_trial(pid: int, tmp_path: Path) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def accounts() -> Iterator[None]:
-    """The test accounts (tests.support.users: A, B, ADMIN in ADMIN_GROUP) for the module."""
+    """The test accounts (tests.support.users: A, B, ADMIN in ADMIN_GROUP), made once for the
+    session (useradd/userdel cost ~1 s a module; no test changes them) and removed at its end,
+    even on failure."""
     try:
         create_accounts()
         yield

@@ -16,9 +16,9 @@ import yaml
 from det_local.store.states import State
 from det_local.trial.core._metric_lines import INTERVAL_S
 from tests.support.paths import REPO
+from tests.support.trials.pytorch import TRAIN as PYTORCH_TRAIN
+from tests.support.trials.pytorch import config as pytorch_config
 from tests.support.world import Env
-from tests.trial.test_pytorch_run import TRAIN as PYTORCH_TRAIN
-from tests.trial.test_pytorch_run import config as pytorch_config
 
 
 @pytest.fixture(autouse=True)

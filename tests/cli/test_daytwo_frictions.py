@@ -155,10 +155,10 @@ def test_pytest_det_configs_collects_with_ids_and_keeps_a_failed_runs_home(dl: E
     import subprocess
     import sys
 
-    from tests.trial.test_testmode import SCRIPT, _config
+    from tests.support.trials.testmode import SCRIPT, script_config
 
-    good, _ = dl.context(SCRIPT, _config(), name="good")
-    bad, _ = dl.context(SCRIPT, _config("validate"), name="bad")
+    good, _ = dl.context(SCRIPT, script_config(), name="good")
+    bad, _ = dl.context(SCRIPT, script_config("validate"), name="bad")
     suite = dl.tmp / "suite"
     suite.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DET_LOCAL")}

@@ -13,7 +13,7 @@ import pytest
 
 from det_local.errors import DetLocalError
 from det_local.store.states import State
-from tests.sdk.test_sdk import CORE, core_config
+from tests.support.trials.core import CORE, core_config
 from tests.support.users import ADMIN, ADMIN_GROUP, A, B, Shared
 from tests.support.world import Env, one_line_error, wait_for
 

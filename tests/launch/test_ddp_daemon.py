@@ -11,7 +11,6 @@ Waits are bounded polls; the `dl` fixture stops the daemon and every process of 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -20,11 +19,11 @@ import torch
 
 from det_local.store.states import State
 from tests.support import paths
+from tests.support.trials.ddp import STEPS, final_weights
 from tests.support.world import Env, wait_for
 
 FIXTURE = paths.FIXTURES / "ddp_trial.py"
 CPU2 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "2"}
-STEPS = [8, 16, 24]  # the fixture validates every 8 batches, for 24
 
 
 def config(slots: int) -> dict[str, Any]:
@@ -51,15 +50,6 @@ def submit(dl: Env, slots: int) -> int:
     found = re.search(r"Created experiment (\d+)", r.out)
     assert r.rc == 0 and found, r
     return int(found.group(1))
-
-
-def final_weights(dl: Env, trial_id: int) -> dict[str, torch.Tensor]:
-    """The model's weights in the trial's last checkpoint, without DDP's `module.` prefix."""
-    ckpt = dl.checkpoints(trial_id)[-1]
-    assert ckpt.steps_completed == STEPS[-1], ckpt
-    state = torch.load(Path(ckpt.path) / "state_dict.pth", weights_only=False)
-    (model,) = state["models_state_dict"]
-    return {k.removeprefix("module."): v for k, v in model.items()}
 
 
 def home_processes(dl: Env, daemon: int) -> list[str]:

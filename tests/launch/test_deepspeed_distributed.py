@@ -15,16 +15,15 @@ import pytest
 import torch
 
 from det_local.store.states import State
-from tests.support.world import Env, wait_for
-from tests.trial.test_deepspeed_trial import (
+from tests.support.trials.deepspeed import (
     DS_CONFIG,
     config,
     context,
     load_in_new_process,
     records,
     run_loader,
-    steps,
 )
+from tests.support.world import Env, steps, wait_for
 
 pytest.importorskip("deepspeed")
 

@@ -696,6 +696,7 @@ def test_two_nodes_deepspeed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         }
 
 
+@pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.sched.warm.test_warm_start import _facts, serial_grid
 from tests.support.paths import REPO
+from tests.support.trials.warm import serial_grid, trial_facts
 from tests.support.world import Env, wait_for
 
 
@@ -118,7 +118,7 @@ def test_a_trial_through_a_root_daemon_trains_on_its_gpu(dl: Env) -> None:
     r = dl.det("experiment", "create", cfg, cfg.parent)
     assert r.rc == 0, r
     wait_for(lambda: dl.experiment(1).state.value == "COMPLETED", timeout=300, what="the trial")
-    seen = _facts(out)[1]
+    seen = trial_facts(out)[1]
     assert seen["visible"] in UUIDS and seen["visible"].startswith("GPU-"), seen
     assert seen["count"] == 1 and seen["device"] == "cuda:0", seen
     [job] = dl.jobs()
@@ -131,7 +131,7 @@ def test_warm_trials_initialise_cuda_after_the_fork_and_train_on_it(dl: Env) -> 
     cfg = _gpu_search(dl, out, 3, {"WAIT_ZYGOTE": "1:1.1"})
     r = dl.det("run", "-q", cfg, cfg.parent, timeout=600)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     assert [facts[i]["warm"] for i in (1, 2, 3)] == [False, True, True], facts
     for seen in facts.values():
         # the zygote never initialised CUDA: each trial did, after the fork, on its own GPU
@@ -152,8 +152,8 @@ def test_two_trials_each_get_their_own_gpu(dl: Env) -> None:
     cfg["resources"] = {"slots_per_trial": 1}
     path, ctx = dl.context(ON_GPU, cfg)
     assert dl.det("experiment", "create", path, ctx).rc == 0
-    wait_for(lambda: len(_facts(out)) == 2, timeout=300, what="both trials on their GPUs")
-    facts = _facts(out)
+    wait_for(lambda: len(trial_facts(out)) == 2, timeout=300, what="both trials on their GPUs")
+    facts = trial_facts(out)
     release.touch()
     wait_for(lambda: dl.experiment(1).state.value == "COMPLETED", timeout=300, what="the end")
     visible = sorted(f["visible"] for f in facts.values())

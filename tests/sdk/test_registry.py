@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from det_local.errors import DetLocalError
-from tests.sdk.test_sdk import CORE, core_config
+from tests.support.trials.core import CORE, core_config
 from tests.support.world import Env, one_line_error, wait_for
 
 

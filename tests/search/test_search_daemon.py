@@ -15,47 +15,8 @@ import json
 import re
 
 from det_local.store.states import State
+from tests.support.searchkit import GATED_SCRIPT
 from tests.support.world import Env, wait_for
-
-SCRIPT = """\
-import json
-import os
-import pathlib
-import time
-
-import determined as det
-from determined import core
-
-info = det.get_cluster_info()
-lr = info.trial.hparams["lr"]
-gate = pathlib.Path(info.trial.hparams["gate"])
-run_id = int(os.environ["DET_TRIAL_RUN_ID"])
-with core.init() as ctx:
-    steps = 0
-    if info.latest_checkpoint:
-        with ctx.checkpoint.restore_path(info.latest_checkpoint) as p:
-            steps = int((p / "s").read_text())
-    with open(info.trial.hparams["record"], "a") as f:
-        f.write(json.dumps({"trial": info.trial.trial_id, "run": run_id, "start": steps,
-                            "latest": info.latest_checkpoint}) + "\\n")
-    while steps < 8:
-        steps += 1
-        if steps % 2 == 0:
-            ctx.train.report_validation_metrics(
-                steps_completed=steps,
-                metrics={"loss": abs(lr - 0.3) + 1.0 / steps, "batches": steps},
-            )
-        with ctx.checkpoint.store_path({"steps_completed": steps}) as (p, _):
-            (p / "s").write_text(str(steps))
-        if steps == 1 and run_id == 1:  # hold until the test says go, or a pause
-            deadline = time.monotonic() + 60
-            while not gate.exists() and time.monotonic() < deadline:
-                if ctx.preempt.should_preempt():
-                    break
-                time.sleep(0.01)
-        if ctx.preempt.should_preempt():
-            break
-"""
 
 MAX_TRIALS = 6
 
@@ -85,7 +46,7 @@ def _config(dl: Env) -> dict:
 
 def test_adaptive_asha_through_the_daemon_with_pause_and_activate(dl: Env) -> None:
     dl.daemon_start(DET_LOCAL_FAKE_GPUS="0", DET_LOCAL_CPU_SLOTS="2")
-    cfg, ctx = dl.context(SCRIPT, _config(dl))
+    cfg, ctx = dl.context(GATED_SCRIPT, _config(dl))
     plan = dl.json("config", "check", cfg, ctx)["plan"]
     assert plan["trials"] == MAX_TRIALS
     assert plan["search"]["brackets"][0]["rungs"] == [2, 4, 8]

@@ -3,6 +3,7 @@ report missing the time metric ends the experiment in ERROR naming the trial and
 
 from __future__ import annotations
 
+from tests.support.searchkit import ASHA
 from tests.support.world import Env
 
 SCRIPT = """\
@@ -29,22 +30,6 @@ with core.init() as ctx:
         if ctx.preempt.should_preempt():
             break
 """
-
-ASHA = {
-    "hyperparameters": {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}},
-    "searcher": {
-        "name": "adaptive_asha",
-        "metric": "loss",
-        "time_metric": "batches",
-        "max_time": 16,
-        "max_trials": 8,
-        "max_concurrent_trials": 2,
-        "mode": "aggressive",
-        "divisor": 2,
-        "max_rungs": 3,
-    },
-    "reproducibility": {"experiment_seed": 3},
-}
 
 
 def test_adaptive_asha_stops_trials_and_finds_the_best(dl: Env) -> None:

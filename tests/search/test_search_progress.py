@@ -12,7 +12,7 @@ from typing import Any
 from det_local.client.follow import Follower
 from det_local.store.db import Store
 from det_local.store.states import State
-from tests.search.test_search_engine import ASHA
+from tests.support.searchkit import ASHA
 from tests.support.world import Env
 
 LINE = re.compile(

@@ -26,8 +26,7 @@ from det_local.sched.intake import spool
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.sched.warm.zygotes import MAX_SOURCE_BYTES, Cold, WarmSpec, warm_spec
 from det_local.wire import rpc
-from tests.security.test_security_socket import _start_trial
-from tests.support.users import B, Shared, _submit_raw
+from tests.support.users import B, Shared, _submit_raw, start_sleeping_trial
 from tests.support.world import wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -222,7 +221,7 @@ def test_spool_bombs_are_refused_in_one_line_each(shared: Shared) -> None:
 
 
 def test_trial_frame_bombs_are_refused_and_told(shared: Shared) -> None:
-    bob = _start_trial(shared, B, "bob", {"metric": "loss"})
+    bob = start_sleeping_trial(shared, B, "bob", {"metric": "loss"})
     rss0 = _rss_mb(shared)
     seen = shared.as_user(B, send_frames, bob["env"], [body for body, _ in FRAME_BOMBS.values()])
     for (case, (_, why)), (frames, seconds) in zip(FRAME_BOMBS.items(), seen, strict=True):

@@ -42,7 +42,13 @@ from det_local.trial.core._checkpoint import CheckpointContext
 from det_local.trial.session import Session
 from det_local.views import experiments as expviews
 from det_local.wire import rpc
-from tests.support.users import ADMIN, A, B, Shared, _submit_raw
+from tests.support.users import (
+    ADMIN,
+    A,
+    B,
+    Shared,
+    start_sleeping_trial,
+)
 from tests.support.world import wait_for
 
 SESSION_LIMIT = 16 << 20  # the daemon's limit on a session's frames (rpc.SESSION_MAX_FRAME)
@@ -50,56 +56,6 @@ SESSION_LIMIT = 16 << 20  # the daemon's limit on a session's frames (rpc.SESSIO
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="multi-user tests create real users: they need root"
 )
-
-
-# ---------------------------------------------------------------------------- helpers
-def _ctx(sh: Shared, name: str) -> Path:
-    ctx = sh.out / name
-    ctx.mkdir()
-    os.chmod(ctx, 0o755)
-    return ctx
-
-
-def _start_trial(sh: Shared, user: str, name: str, searcher: dict[str, Any]) -> dict[str, Any]:
-    """Submit `sleep 600` as `user`; return its running trial's environment (and ids)."""
-    config = {
-        "name": name,
-        "entrypoint": "sleep 600",
-        "max_restarts": 0,
-        "searcher": {"name": "single", "max_length": 1, **searcher},
-    }
-    exp = int(sh.as_user(user, _submit_raw, config, str(_ctx(sh, name))))
-
-    def job() -> Any:
-        store = api.open_store(sh.paths)
-        try:
-            jobs = [j for j in store.jobs.list(include_done=True) if j.experiment_id == exp]
-        finally:
-            store.close()
-        return jobs and jobs[0].pid and jobs[0]
-
-    wrapper = int(wait_for(job, what=f"{user}'s trial to start").pid)
-    uid = pwd.getpwnam(user).pw_uid
-
-    def trial_pid() -> int | None:
-        # the job's recorded pid is its wrapper (root's, under a root daemon): the trial is
-        # the wrapper's descendant running as the user
-        try:
-            kids = psutil.Process(wrapper).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return None
-        return next((k.pid for k in kids if k.uids().real == uid), None)
-
-    pid = int(wait_for(trial_pid, what=f"{user}'s trial process"))
-
-    def environ() -> dict[str, str] | None:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
-        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-        return env if "DET_LOCAL_TOKEN" in env else None
-
-    env = wait_for(environ, what=f"{user}'s trial environment")
-    assert Path(f"/proc/{pid}").stat().st_uid == uid
-    return {"env": env, "exp": exp, "trial": int(env["DET_TRIAL_ID"]), "pid": pid}
 
 
 def _session(env: dict[str, str]) -> Session:
@@ -321,8 +277,8 @@ def session_frame_over_limit(env: dict[str, str]) -> list[Any]:
 
 # ---------------------------------------------------------------------------- the tests
 def test_a_trial_session_acts_only_for_its_own_trial(shared: Shared) -> None:  # noqa: F811
-    alice = _start_trial(shared, A, "alice", {"metric": "loss"})
-    bob = _start_trial(shared, B, "bob", {"metric": "acc", "smaller_is_better": False})
+    alice = start_sleeping_trial(shared, A, "alice", {"metric": "loss"})
+    bob = start_sleeping_trial(shared, B, "bob", {"metric": "acc", "smaller_is_better": False})
     storage = Path(alice["env"]["DET_LOCAL_CHECKPOINT_DIR"])
     assert storage == Path(bob["env"]["DET_LOCAL_CHECKPOINT_DIR"])  # the shared default storage
 
@@ -471,7 +427,7 @@ def test_connections_that_do_not_say_hello_are_bounded(shared: Shared) -> None: 
 
 
 def test_daemon_memory_stays_bounded_and_others_are_served(shared: Shared) -> None:  # noqa: F811
-    bob = _start_trial(shared, B, "bob", {"metric": "loss"})
+    bob = start_sleeping_trial(shared, B, "bob", {"metric": "loss"})
     daemon = psutil.Process(shared.dl.daemon_pid())
     # a legitimate trial is not refused by the cap on waiting connections: it retries
     took = shared.as_user(B, busy_then_welcome, bob["env"])

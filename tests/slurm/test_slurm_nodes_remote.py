@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from det_local.store.states import State
-from tests.slurm.test_slurm_nodes import CORE, core_config, core_lines
 from tests.support import slurmkit, slurmnodes
+from tests.support.trials.nodes import CORE, core_config, core_lines
 from tests.support.world import Env, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ control (pause, kill, time limits, jobs lost to the cluster), adoption after a d
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,11 +13,6 @@ from tests.support import slurmkit
 from tests.support.world import Env, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    yield from slurmkit.slurm_fixture(tmp_path_factory)
 
 
 def pools(**slurm_settings: Any) -> dict[str, Any]:
@@ -188,7 +182,7 @@ def test_daemon_killed_while_a_job_runs_adopts_it(dl: Env, slurm: slurmkit.Slurm
 
 
 def test_asha_search_across_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
-    from tests.search.test_search_daemon import SCRIPT
+    from tests.support.searchkit import GATED_SCRIPT
 
     start_daemon(dl, slurm)
     (dl.tmp / "go").touch()
@@ -213,7 +207,7 @@ def test_asha_search_across_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
         "reproducibility": {"experiment_seed": 11},
         "max_restarts": 0,
     }
-    cfg, ctx = dl.context(SCRIPT, config)
+    cfg, ctx = dl.context(GATED_SCRIPT, config)
     r = dl.det("run", cfg, ctx, timeout=240)
     assert r.rc == 0, r
     assert "Experiment 1 (ctx) COMPLETED" in r.out
@@ -237,7 +231,7 @@ def test_slurm_job_id_survives_in_embedded_run(dl: Env, slurm: slurmkit.Slurm) -
 
 
 def test_pytorch_trial_runs_on_the_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
-    from tests.trial.test_pytorch_run import TRAIN, config
+    from tests.support.trials.pytorch import TRAIN, config
 
     start_daemon(dl, slurm)
     cfg, ctx = dl.context(TRAIN, {**config("pt", {"batches": 8}), **HPC})

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm.config import parse_slurm_pool
@@ -18,11 +15,6 @@ from tests.support import slurmkit
 from tests.support.world import Env, one_line_error
 
 HPC = {"resources": {"resource_pool": "hpc"}}
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    yield from slurmkit.slurm_fixture(tmp_path_factory)
 
 
 def pools(**slurm_settings: Any) -> dict[str, Any]:

@@ -27,11 +27,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    yield from slurmkit.slurm_fixture(tmp_path_factory)
-
-
 @pytest.fixture
 def shared(dl: Env, accounts: None, slurm: slurmkit.Slurm) -> Iterator[Shared]:
     """A root daemon on a home every user can reach, with a Slurm pool."""

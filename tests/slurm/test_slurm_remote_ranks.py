@@ -17,8 +17,8 @@ import pytest
 
 from det_local.store.states import State
 from det_local.wire import rpc
-from tests.slurm.test_slurm_remote import Proxy, config, daemon_log, shared, start
 from tests.support import slurmkit
+from tests.support.slurmproxy import Proxy, config, daemon_log, shared, start
 from tests.support.world import Env, wait_for
 
 pytestmark = pytest.mark.slow
@@ -26,9 +26,8 @@ __all__ = ["shared"]  # the fixture, used by name
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmkit.Slurm]:
-    hidden = tmp_path_factory.getbasetemp()
-    yield from slurmkit.slurm_fixture(tmp_path_factory, hide=(hidden,))
+def slurm(slurm_hiding_tests: slurmkit.Slurm) -> slurmkit.Slurm:
+    return slurm_hiding_tests  # the folder's (tests/slurm/conftest.py)
 
 
 def hellos(proxy: Proxy) -> list[dict[str, Any]]:
@@ -198,8 +197,8 @@ def test_a_two_rank_pytorch_trial_pauses_and_resumes_exactly_over_tcp(
     next boundary (README: validation every 4 batches here), so it stops at batch 8."""
     import torch
 
-    from tests.trial.test_pytorch_run import TRAIN, final_state, steps
-    from tests.trial.test_pytorch_run import config as pt_config
+    from tests.support.trials.pytorch import TRAIN, final_state, steps
+    from tests.support.trials.pytorch import config as pt_config
 
     proxy = start(dl, slurm, shared, slots_per_node=2)
     launch = "python3 -m determined.launch.torch_distributed python3 train.py"
@@ -509,8 +508,8 @@ def test_two_deepspeed_ranks_report_over_tcp(dl: Env, slurm: slurmkit.Slurm, sha
     """The DeepSpeed launcher's ranks (a DeepSpeedTrial) over the channel, each its own
     handshake; both write their part of the checkpoint on the shared filesystem."""
     pytest.importorskip("deepspeed")
-    from tests.trial.test_deepspeed_trial import config as ds_config
-    from tests.trial.test_deepspeed_trial import context as ds_context
+    from tests.support.trials.deepspeed import config as ds_config
+    from tests.support.trials.deepspeed import context as ds_context
 
     proxy = start(dl, slurm, shared, slots_per_node=2)
     cfg = ds_config(

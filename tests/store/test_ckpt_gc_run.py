@@ -11,9 +11,9 @@ from typing import Any
 
 from det_local.store.db import GC_DONE, GC_SKIPPED, Store
 from det_local.store.states import State
+from tests.support.trials.testmode import SCRIPT as TEST_MODE_SCRIPT
+from tests.support.trials.testmode import script_config
 from tests.support.world import Env, wait_for
-from tests.trial.test_testmode import SCRIPT as TEST_MODE_SCRIPT
-from tests.trial.test_testmode import _config as _test_mode_config
 
 # Trains `batches` batches, checkpoints every `every`, and validates (before the checkpoint)
 # at the steps listed in `vals` ("steps:loss,..."), adding `offset` to each value.
@@ -244,7 +244,7 @@ def test_kill_with_no_engine_running_collects(dl: Env) -> None:
 def test_test_mode_keeps_its_checkpoints(dl: Env) -> None:
     # test mode sets every save_* to 0 (Determined's rewrite), which would delete them all;
     # det-local keeps them: the report points at the checkpoint it wrote
-    cfg, ctx = dl.context(TEST_MODE_SCRIPT, _test_mode_config())
+    cfg, ctx = dl.context(TEST_MODE_SCRIPT, script_config())
     r = dl.det("run", "--test", cfg, ctx)
     assert r.rc == 0, r
     ckpts = dl.json("checkpoint", "list", "1")

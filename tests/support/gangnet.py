@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -223,3 +224,89 @@ def job_row(node: Node, job: int) -> tuple[str, int | None, str | None]:
             "SELECT state, exit_code, message FROM jobs WHERE id=?", (job,)
         ).fetchone()
     return (str(row[0]), row[1], row[2])
+
+
+# ---------------------------------------------------------------------------- faults
+# A gang trial whose ranks fail (FAIL_RANK at FAIL_AT) or go slowly (STEP_SLEEP) on demand,
+# checkpointing every step, and readers of what a faulted gang left in the owner's store
+# (tests/federation/netns/test_federation_gang_faults.py, test_federation_gang_lost.py).
+FAULT_SCRIPT = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+import determined as det
+from determined import core
+
+dist.init_process_group("gloo")
+distributed = core.DistributedContext.from_torch_distributed()
+with det.core.init(distributed=distributed) as ctx:
+    rank = ctx.distributed.rank
+    info = det.get_cluster_info()
+    run_id = info.trial._trial_run_id
+    steps = int(os.environ.get("STEPS", "3"))
+    fail_rank, fail_at = int(os.environ.get("FAIL_RANK", "-1")), int(os.environ.get("FAIL_AT", "0"))
+    start = 0
+    if info.latest_checkpoint is not None:
+        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
+            start = int((path / "step").read_text())
+    print(f"rank {rank} run {run_id} starts after step {start}", flush=True)
+    for step in range(start + 1, steps + 1):
+        time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+        if rank == fail_rank and step == fail_at:
+            raise RuntimeError(f"rank {rank} fails at step {step}")
+        if rank != 0:
+            ctx.train.report_metrics("member", step, {"run": run_id})
+        t = torch.tensor([float(step)])
+        dist.all_reduce(t)
+        if rank == 0:
+            ctx.train.report_training_metrics(steps_completed=step, metrics={"loss": t.item()})
+            with ctx.checkpoint.store_path({"steps_completed": step}) as (path, uuid):
+                (path / "step").write_text(str(step))
+        if ctx.preempt.should_preempt():
+            print(f"rank {rank} preempted at {step}", flush=True)
+            sys.exit(0)
+    if rank == 0:
+        ctx.train.report_validation_metrics(steps_completed=steps, metrics={"loss": 0.5})
+"""
+
+
+REQUEUED = "does not count toward max_restarts"
+
+
+def restarts(node: Node) -> int:
+    with db(node) as conn:
+        return int(conn.execute("SELECT restarts FROM trials").fetchone()[0])
+
+
+def member_jobs(node: Node) -> list[tuple[str, int | None, str]]:
+    with db(node) as conn:
+        return conn.execute(
+            "SELECT state, exit_code, message FROM jobs WHERE kind='MEMBER' ORDER BY id"
+        ).fetchall()
+
+
+def finished_once(node: Node, steps: int) -> None:
+    """Completed once: one validation, training steps 1..steps each run resuming where its
+    predecessor checkpointed, no restart used."""
+    with db(node) as conn:
+        val = conn.execute("SELECT COUNT(*) FROM metrics WHERE grp='validation'").fetchone()[0]
+        rows = conn.execute(
+            "SELECT run_id, steps_completed FROM metrics WHERE grp='training' ORDER BY id"
+        ).fetchall()
+        state = conn.execute("SELECT state FROM trials").fetchone()[0]
+    assert val == 1 and state == "COMPLETED", (val, state)
+    assert {s for _, s in rows} == set(range(1, steps + 1)), rows
+    by_run: dict[int, list[int]] = {}
+    for run_id, step in rows:
+        by_run.setdefault(run_id, []).append(step)
+    for run_steps in by_run.values():
+        assert run_steps == list(range(run_steps[0], run_steps[0] + len(run_steps))), by_run
+    assert restarts(node) == 0
+
+
+def resumed_after(node: Node, exp_id: int) -> list[int]:
+    """The steps each placement of rank 0 started after (its checkpoint)."""
+    return [
+        int(m)
+        for m in re.findall(r"rank 0 run \d+ starts after step (\d+)", trial_log(node, exp_id))
+    ]

@@ -167,3 +167,61 @@ def value_simulation(
     assert len(trial_of) == len(expected), f"{len(trial_of)} trials, wanted {len(expected)}"
     assert shutdowns == 1
     return s
+
+
+ASHA = {
+    "hyperparameters": {"lr": {"type": "double", "minval": 0.0, "maxval": 1.0}},
+    "searcher": {
+        "name": "adaptive_asha",
+        "metric": "loss",
+        "time_metric": "batches",
+        "max_time": 16,
+        "max_trials": 8,
+        "max_concurrent_trials": 2,
+        "mode": "aggressive",
+        "divisor": 2,
+        "max_rungs": 3,
+    },
+    "reproducibility": {"experiment_seed": 3},
+}
+
+
+GATED_SCRIPT = """\
+import json
+import os
+import pathlib
+import time
+
+import determined as det
+from determined import core
+
+info = det.get_cluster_info()
+lr = info.trial.hparams["lr"]
+gate = pathlib.Path(info.trial.hparams["gate"])
+run_id = int(os.environ["DET_TRIAL_RUN_ID"])
+with core.init() as ctx:
+    steps = 0
+    if info.latest_checkpoint:
+        with ctx.checkpoint.restore_path(info.latest_checkpoint) as p:
+            steps = int((p / "s").read_text())
+    with open(info.trial.hparams["record"], "a") as f:
+        f.write(json.dumps({"trial": info.trial.trial_id, "run": run_id, "start": steps,
+                            "latest": info.latest_checkpoint}) + "\\n")
+    while steps < 8:
+        steps += 1
+        if steps % 2 == 0:
+            ctx.train.report_validation_metrics(
+                steps_completed=steps,
+                metrics={"loss": abs(lr - 0.3) + 1.0 / steps, "batches": steps},
+            )
+        with ctx.checkpoint.store_path({"steps_completed": steps}) as (p, _):
+            (p / "s").write_text(str(steps))
+        if steps == 1 and run_id == 1:  # hold until the test says go, or a pause
+            deadline = time.monotonic() + 60
+            while not gate.exists() and time.monotonic() < deadline:
+                if ctx.preempt.should_preempt():
+                    break
+                time.sleep(0.01)
+        if ctx.preempt.should_preempt():
+            break
+"""

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from det_local import api
 from det_local.errors import DetLocalError
 from det_local.sched.intake import spool
@@ -170,3 +172,56 @@ def _submit_raw(config: dict[str, Any], context: str) -> Any:
     p = api.paths()
     payload = {"config": config, "context": context, "source": "raw"}
     return spool.request(p, "submit", payload, timeout=30)
+
+
+# ---------------------------------------------------------------------------- a user's trial
+# tests/security/: a root daemon runs it as its user; the test reads what the trial sees
+def trial_context(sh: Shared, name: str) -> Path:
+    ctx = sh.out / name
+    ctx.mkdir()
+    os.chmod(ctx, 0o755)
+    return ctx
+
+
+def start_sleeping_trial(
+    sh: Shared, user: str, name: str, searcher: dict[str, Any]
+) -> dict[str, Any]:
+    """Submit `sleep 600` as `user`; return its running trial's environment (and ids)."""
+    config = {
+        "name": name,
+        "entrypoint": "sleep 600",
+        "max_restarts": 0,
+        "searcher": {"name": "single", "max_length": 1, **searcher},
+    }
+    exp = int(sh.as_user(user, _submit_raw, config, str(trial_context(sh, name))))
+
+    def job() -> Any:
+        store = api.open_store(sh.paths)
+        try:
+            jobs = [j for j in store.jobs.list(include_done=True) if j.experiment_id == exp]
+        finally:
+            store.close()
+        return jobs and jobs[0].pid and jobs[0]
+
+    wrapper = int(wait_for(job, what=f"{user}'s trial to start").pid)
+    uid = pwd.getpwnam(user).pw_uid
+
+    def trial_pid() -> int | None:
+        # the job's recorded pid is its wrapper (root's, under a root daemon): the trial is
+        # the wrapper's descendant running as the user
+        try:
+            kids = psutil.Process(wrapper).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return None
+        return next((k.pid for k in kids if k.uids().real == uid), None)
+
+    pid = int(wait_for(trial_pid, what=f"{user}'s trial process"))
+
+    def environ() -> dict[str, str] | None:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+        return env if "DET_LOCAL_TOKEN" in env else None
+
+    env = wait_for(environ, what=f"{user}'s trial environment")
+    assert Path(f"/proc/{pid}").stat().st_uid == uid
+    return {"env": env, "exp": exp, "trial": int(env["DET_TRIAL_ID"]), "pid": pid}

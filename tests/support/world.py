@@ -45,15 +45,22 @@ class Result(NamedTuple):
 def wait_for(
     predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
 ) -> T:
-    """Poll `predicate` until it returns something truthy (returned); fail after `timeout` s."""
+    """Poll `predicate` until it returns something truthy (returned); fail after `timeout` s.
+
+    Between two looks it sleeps `interval`, or as long as the look itself took when that was
+    longer: a look that starts a CLI process (a few tenths of a second of CPU) then polls with at
+    most half a core, not a whole one, leaving the rest to the daemon and the trials it waits
+    for (the suite runs on 2 cores). A cheap look still polls every `interval`."""
     deadline = time.monotonic() + timeout
     while True:
+        began = time.monotonic()
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
+        time.sleep(max(interval, now - began))
 
 
 def gone(pid: int) -> bool:

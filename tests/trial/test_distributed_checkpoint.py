@@ -7,7 +7,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from tests.trial.test_distributed_context import run_ranks
+from tests.support.ranks import run_ranks
 
 COMMON = """
 from pathlib import Path

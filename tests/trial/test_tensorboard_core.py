@@ -220,7 +220,7 @@ def test_tensorboard_start_writes_core_api_curves_from_the_store(dl: Env) -> Non
 def test_no_trial_of_a_search_says_tensorboard_is_missing(dl: Env) -> None:
     if importlib.util.find_spec("tensorboard") is not None:
         pytest.skip("tensorboard is installed: the trials write event files")
-    from tests.trial.test_pytorch_run import TRAIN, config
+    from tests.support.trials.pytorch import TRAIN, config
 
     search = config("pt", {"batches": 4})
     search["hyperparameters"]["lr"] = {"type": "categorical", "vals": [0.01, 0.02]}

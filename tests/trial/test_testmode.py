@@ -2,53 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from tests.support.paths import REPO
+from tests.support.trials.testmode import SCRIPT, run_pytest, script_config
 from tests.support.world import Env
-
-SCRIPT = """\
-import os, sys
-import determined as det
-from determined import core
-
-FAIL = os.environ.get("FAIL_AT", "")
-info = det.get_cluster_info()
-with core.init() as ctx:
-    steps = 0
-    if info.latest_checkpoint:
-        if FAIL == "restore":
-            raise RuntimeError("cannot load the checkpoint")
-        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
-            steps = int((path / "steps").read_text())
-    for op in ctx.searcher.operations():
-        while steps < op.length:
-            steps += 1
-            ctx.train.report_training_metrics(steps_completed=steps, metrics={"loss": 1.0 / steps})
-        if FAIL == "validate":
-            raise ValueError("validation broke")
-        ctx.train.report_validation_metrics(steps_completed=steps, metrics={"loss": 0.5})
-        if FAIL != "checkpoint":
-            with ctx.checkpoint.store_path({"steps_completed": steps}) as (path, _):
-                (path / "steps").write_text(str(steps))
-        op.report_completed(0.5)
-"""
-
-
-def _config(fail: str = "") -> dict:
-    return {
-        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 100}},
-        "hyperparameters": {"lr": {"type": "double", "minval": 0.1, "maxval": 1.0}},
-        "environment": {"environment_variables": [f"FAIL_AT={fail}"]},
-        "max_restarts": 3,
-    }
 
 
 def test_test_mode_passes_every_step(dl: Env) -> None:
-    cfg, ctx = dl.context(SCRIPT, _config())
+    cfg, ctx = dl.context(SCRIPT, script_config())
     r = dl.det("run", "--test", cfg, ctx)
     assert r.rc == 0, r.out + r.err
     assert "PASS  train one batch: training metrics at steps_completed=1" in r.out
@@ -68,7 +28,7 @@ def test_test_mode_passes_every_step(dl: Env) -> None:
 
 
 def test_test_mode_reports_the_failing_step_with_its_traceback(dl: Env) -> None:
-    cfg, ctx = dl.context(SCRIPT, _config("validate"))
+    cfg, ctx = dl.context(SCRIPT, script_config("validate"))
     r = dl.det("run", "--test", cfg, ctx)
     assert r.rc == 1
     assert "PASS  train one batch" in r.out
@@ -79,7 +39,7 @@ def test_test_mode_reports_the_failing_step_with_its_traceback(dl: Env) -> None:
 
 
 def test_test_mode_without_checkpoint(dl: Env) -> None:
-    cfg, ctx = dl.context(SCRIPT, _config("checkpoint"))
+    cfg, ctx = dl.context(SCRIPT, script_config("checkpoint"))
     r = dl.det("run", "--test", cfg, ctx)
     assert r.rc == 1
     assert "FAIL  checkpoint: the first run recorded no checkpoint" in r.out
@@ -87,7 +47,7 @@ def test_test_mode_without_checkpoint(dl: Env) -> None:
 
 
 def test_test_mode_restore_failure(dl: Env) -> None:
-    cfg, ctx = dl.context(SCRIPT, _config("restore"))
+    cfg, ctx = dl.context(SCRIPT, script_config("restore"))
     r = dl.det("run", "--test", cfg, ctx)
     assert r.rc == 1
     assert "PASS  checkpoint" in r.out
@@ -95,21 +55,9 @@ def test_test_mode_restore_failure(dl: Env) -> None:
     assert "RuntimeError: cannot load the checkpoint" in r.out
 
 
-def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_LOCAL")}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_pytest_plugin_fixture_and_det_configs(dl: Env) -> None:
-    good_cfg, good_ctx = dl.context(SCRIPT, _config(), name="good")
-    bad_cfg, _ = dl.context(SCRIPT, _config("restore"), name="bad")
+    good_cfg, good_ctx = dl.context(SCRIPT, script_config(), name="good")
+    bad_cfg, _ = dl.context(SCRIPT, script_config("restore"), name="bad")
     suite = dl.tmp / "suite"
     suite.mkdir()
     (suite / "test_exp.py").write_text(
@@ -119,7 +67,7 @@ def test_pytest_plugin_fixture_and_det_configs(dl: Env) -> None:
         "    assert [m['steps_completed'] for m in report.training] == [1, 2]\n"
         "    assert report.validation[0]['metrics'] == {'loss': 0.5}\n"
     )
-    proc = _pytest(suite, "--det-configs", str(good_cfg), str(bad_cfg), "--rootdir", str(suite))
+    proc = run_pytest(suite, "--det-configs", str(good_cfg), str(bad_cfg), "--rootdir", str(suite))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "2 passed, 1 failed" in out or "1 failed, 2 passed" in out, out

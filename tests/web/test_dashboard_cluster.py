@@ -23,12 +23,12 @@ from det_local.client.slotview import from_answer
 from det_local.sched.queue import hardware as hardware
 from det_local.sched.queue.inventory import engine_answer
 from det_local.store.db import Store
-from tests.sched.test_slots import FakeNvml, install, two_h100s
 from tests.support.dashboard import asgi_get, token_app
 from tests.support.fednet import Net, namespaces
 from tests.support.gangnet import (
     two_nodes,
 )
+from tests.support.nvml import FakeNvml, install, two_h100s
 from tests.support.world import Env, wait_for
 
 pytest.importorskip("starlette")
@@ -182,6 +182,7 @@ FETCH = (  # GET argv[1] with the token the daemon wrote (argv[2]: its file)
 )
 
 
+@pytest.mark.netns
 def test_cluster_page_of_a_two_node_federation(open_root: Path) -> None:
     import sys
 

@@ -12,19 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.netns.test_federation_gang_faults import (
+from tests.support.fednet import Net
+from tests.support.gangnet import (
     FAULT_SCRIPT,
     REQUEUED,
     checkpoints,
+    experiment,
     finished_once,
     member_jobs,
     pytestmark,  # noqa: F401  (root, iproute2; slow)
-    resumed_after,
-)
-from tests.support.fednet import Net
-from tests.support.gangnet import (
-    experiment,
     rank_pids,
+    resumed_after,
     submit,
     two_nodes,
     wait_end,

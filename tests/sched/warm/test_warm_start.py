@@ -12,105 +12,12 @@ import pytest
 
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.sched.warm.zygotes import MAX_OWN_FILES, Cold, WarmSpec, daemon_enabled, warm_spec
+from tests.support.trials.warm import PER_TRIAL, SCRIPT, serial_grid, trial_facts
 from tests.support.world import Env, wait_for
-
-# Writes what the trial sees to OUT/<trial id>.json, reports once. The first trial waits (bounded)
-# for the zygote to be ready, so that the later ones are forked from it.
-SCRIPT = r"""
-import sys
-warm = "torch" in sys.modules  # preloaded: a warm start
-import json, os, sys, threading, time
-import torch
-import determined as det
-
-home = os.environ["DET_LOCAL_HOME"]
-trial_id = int(os.environ["DET_TRIAL_ID"])
-# WAIT_ZYGOTE: "trial:zygote dir,...": that trial waits until that zygote is ready
-gates = dict(item.split(":") for item in os.environ.get("WAIT_ZYGOTE", "").split(",") if item)
-zdir = os.path.join(home, "run", "z", gates.get(str(trial_id), "-"))
-deadline = time.monotonic() + 60
-def ready(zdir):  # its socket is bound a moment before "ready (pid N" reaches its log
-    try:
-        with open(os.path.join(zdir, "log")) as f:
-            return "ready (pid " in f.read()
-    except FileNotFoundError:
-        return False
-while str(trial_id) in gates and not (os.path.exists(os.path.join(zdir, "s")) and ready(zdir)):
-    assert time.monotonic() < deadline, "no zygote"
-    time.sleep(0.05)
-if os.environ.get("KILL_ZYGOTE") == str(trial_id):
-    with open(os.path.join(zdir, "log")) as f:
-        os.kill(int(f.read().split("ready (pid ")[1].split(",")[0]), 9)
-leaked = getattr(torch, "_det_local_leak", None)
-torch._det_local_leak = trial_id
-with open("/proc/self/cgroup") as f:
-    cgroup = f.read()
-facts = {
-    "warm": warm,
-    "env": {k: v for k, v in os.environ.items()},
-    "cwd": os.getcwd(),
-    "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
-    "pgid": os.getpgid(0),
-    "sid": os.getsid(0),
-    "argv": sys.argv,
-    "path0": sys.path[0],
-    "main": __name__,
-    "umask": os.umask(0o022),
-    "cgroup": cgroup,
-    "leaked": leaked,
-    "threads": torch.get_num_threads(),
-    "cuda_init": torch.cuda.is_initialized(),
-    "stdin_tty": os.isatty(0),
-}
-out = os.environ["OUT"]
-# written whole, then renamed: the test reads the directory while trials run
-with open(os.path.join(out, f".{trial_id}.tmp"), "w") as f:
-    json.dump(facts, f)
-os.rename(os.path.join(out, f".{trial_id}.tmp"), os.path.join(out, f"{trial_id}.json"))
-while os.environ.get("GATE") == str(trial_id) and not os.path.exists(os.path.join(out, "gate")):
-    assert time.monotonic() < deadline + 60, "no gate"
-    time.sleep(0.05)
-with det.core.init() as core:
-    core.train.report_training_metrics(steps_completed=1, metrics={"loss": float(trial_id)})
-sys.exit(int(os.environ.get("EXIT_CODE", "0")))
-"""
-
-PER_TRIAL = {
-    "DET_LOCAL_TOKEN",
-    "DET_LOCAL_INFO_DIR",
-    "DET_LOCAL_TENSORBOARD_DIR",
-    "DET_TASK_ID",
-    "DET_ALLOCATION_ID",
-    "DET_TRIAL_ID",
-    "DET_TRIAL_RUN_ID",
-    "DET_TRIAL_SEED",
-    "DET_HPARAMS",
-    # the run's ports, chosen free for each run
-    "C10D_PORT",
-    "DTRAIN_SSH_PORT",
-    "INTER_TRAIN_PROCESS_COMM_PORT_1",
-    "INTER_TRAIN_PROCESS_COMM_PORT_2",
-}
-
-
-def serial_grid(out: Path, env: dict[str, str], n: int = 3) -> dict[str, Any]:
-    """A grid search of n trials, one at a time, writing their facts to `out`."""
-    return {
-        "searcher": {"name": "grid", "metric": "loss", "max_length": 1, "max_concurrent_trials": 1},
-        "hyperparameters": {"x": {"type": "categorical", "vals": list(range(n))}},
-        "environment": {
-            "environment_variables": [f"OUT={out}", *(f"{k}={v}" for k, v in env.items())]
-        },
-        "resources": {"max_slots": 1},
-    }
 
 
 def _search(dl: Env, out: Path, env: dict[str, str], n: int = 3, **cfg: Any) -> tuple[Path, Path]:
     return dl.context(SCRIPT, {**serial_grid(out, env, n), **cfg})
-
-
-def _facts(out: Path) -> dict[int, dict[str, Any]]:
-    return {int(p.stem): json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
 
 
 def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
@@ -119,7 +26,7 @@ def test_warm_trial_sees_what_a_cold_one_sees(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "DET_LOCAL_METRIC_LINES": "1"})
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     assert sorted(facts) == [1, 2, 3]
     assert facts[1]["warm"] is False
     assert facts[2]["warm"] is True and facts[3]["warm"] is True
@@ -170,7 +77,7 @@ def test_torch_imported_by_the_contexts_own_module_is_preloaded(dl: Env) -> None
     (ctx / "model.py").write_text("import torch\n")
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    assert [f["warm"] for f in _facts(out).values()] == [False, True]
+    assert [f["warm"] for f in trial_facts(out).values()] == [False, True]
 
 
 @pytest.mark.parametrize("mode", ["v2", "v1"])
@@ -181,7 +88,7 @@ def test_warm_trial_runs_in_its_jobs_cgroup(dl: Env, mode: str) -> None:
     cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     jobs = {j.trial_id: j for j in dl.jobs()}
     if f"job-{jobs[1].id}-" not in facts[1]["cgroup"]:
         pytest.skip(f"no cgroup {mode} containment here")
@@ -198,7 +105,7 @@ def test_warm_trial_exit_code_reaches_the_daemon(dl: Env) -> None:
     out.mkdir()
     cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "EXIT_CODE": "3"}, n=2)
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
-    facts = _facts(out)
+    facts = trial_facts(out)
     assert facts[2]["warm"] is True
     jobs = {j.trial_id: j for j in dl.jobs()}
     assert jobs[1].exit_code == jobs[2].exit_code == 3, (r, jobs)
@@ -210,7 +117,7 @@ def test_failed_preload_starts_cold_with_one_warning(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {"DET_LOCAL_PRELOAD": "no_such_module_xyz"})
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     assert [f["warm"] for f in facts.values()] == [False, False, False]
     events = [e for e in dl.events(1) if "warm starts off" in e]
     assert len(events) == 1, dl.events(1)
@@ -226,7 +133,7 @@ def test_zygote_killed_next_trial_cold_then_new_zygote(dl: Env) -> None:
     cfg, ctx = _search(dl, out, env, n=3)
     r = dl.det("run", "-q", cfg, ctx, timeout=240)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     assert [facts[i]["warm"] for i in (1, 2, 3)] == [False, False, True]
     assert any("its zygote ended" in e for e in dl.events(1)), dl.events(1)
 
@@ -237,7 +144,7 @@ def test_single_trial_and_switch_off_stay_cold(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {"DET_LOCAL_WARM_START": "off"}, n=2)
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    assert [f["warm"] for f in _facts(out).values()] == [False, False]
+    assert [f["warm"] for f in trial_facts(out).values()] == [False, False]
     assert not list((dl.home / "run" / "z").glob("*"))
 
 
@@ -248,8 +155,8 @@ def test_daemon_restart_adopts_no_zygote(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1", "GATE": "2"}, n=2)
     r = dl.det("experiment", "create", cfg, ctx)
     assert r.rc == 0, r
-    wait_for(lambda: len(_facts(out)) == 2, timeout=120, what="trial 2 to run")
-    assert _facts(out)[2]["warm"] is True
+    wait_for(lambda: len(trial_facts(out)) == 2, timeout=120, what="trial 2 to run")
+    assert trial_facts(out)[2]["warm"] is True
     sock = dl.home / "run" / "z" / "1.1" / "s"
     zygote_pid = _zygote_pid(sock)
     dl.kill_daemon()
@@ -274,7 +181,7 @@ def test_zygote_stops_when_its_experiment_ends(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {"WAIT_ZYGOTE": "1:1.1"}, n=2)
     assert dl.det("experiment", "create", cfg, ctx).rc == 0
     wait_for(lambda: _done(dl), timeout=120, what="the experiment to complete")
-    assert _facts(out)[2]["warm"] is True
+    assert trial_facts(out)[2]["warm"] is True
     zygote_pid = _zygote_pid(dl.home / "run" / "z" / "1.1" / "s")
     wait_for(lambda: _gone(zygote_pid), timeout=30, what="the zygote to exit")
 
@@ -302,7 +209,7 @@ def test_shell_entrypoint_starts_cold_said_once(dl: Env) -> None:
     cfg, ctx = _search(dl, out, {}, n=2, entrypoint="python3 train.py && true")
     r = dl.det("run", "-q", cfg, ctx, timeout=180)
     assert r.rc == 0, r
-    assert [f["warm"] for f in _facts(out).values()] == [False, False]
+    assert [f["warm"] for f in trial_facts(out).values()] == [False, False]
     said = [e for e in dl.events(1) if "start cold" in e]
     assert said == ["experiment 1: its trials start cold: the entrypoint uses shell syntax"]
 

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from tests.sched.warm.test_warm_start import PER_TRIAL, SCRIPT, _facts, serial_grid
 from tests.support.paths import REPO
+from tests.support.trials.warm import PER_TRIAL, SCRIPT, serial_grid, trial_facts
 from tests.support.world import Env
 
 pytest.importorskip("pandas")
@@ -78,7 +78,7 @@ def test_a_warm_trial_with_the_common_stack_sees_what_a_cold_one_sees(dl: Env) -
     cfg, ctx = dl.context(script, serial_grid(out, {"WAIT_ZYGOTE": "1:1.1"}, n=2))
     r = dl.det("run", "-q", cfg, ctx, timeout=240)
     assert r.rc == 0, r
-    facts = _facts(out)
+    facts = trial_facts(out)
     cold, warm = facts[1], facts[2]
     assert (cold["warm"], warm["warm"]) == (False, True)
     assert cold["stack"] is warm["stack"] is True

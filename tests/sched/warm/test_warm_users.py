@@ -24,7 +24,7 @@ from det_local.sched.run.launchplan import LaunchPlan
 from det_local.sched.warm import zygotetrust
 from det_local.sched.warm.zygotes import WarmSpec, ZygotePool, warm_spec
 from det_local.store.paths import Paths
-from tests.sched.warm.test_warm_start import PER_TRIAL, serial_grid
+from tests.support.trials.warm import PER_TRIAL, serial_grid
 from tests.support.userpython import user_python  # noqa: F401  (the session fixture)
 from tests.support.users import ADMIN, A, B, Shared
 from tests.support.world import Env, gone, wait_for
