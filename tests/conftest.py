@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from tests.support.paths import TESTS
+from tests.support.torchext import clear_stale_locks
 from tests.support.users import ADMIN_GROUP, Shared, create_accounts, remove_accounts
 from tests.support.world import TRIAL_VARS, Env, gone, kill_home_processes
 
@@ -74,6 +75,7 @@ def det_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DET_LOCAL_METRIC_LINES", "0")
     for var in TRIAL_VARS:
         monkeypatch.delenv(var, raising=False)
+    clear_stale_locks()  # DeepSpeed's JIT build lock of a process an earlier test killed
     return home
 
 
