@@ -176,11 +176,17 @@ def _flood(junk: int, valid: int) -> list[str]:
 def test_a_flood_from_one_user_does_not_delay_another(shared: Shared) -> None:
     pid = shared.dl.daemon_pid()
     assert pid is not None
+    # A's request on a quiet daemon, for the scale of this machine (a loaded box answers slower)
+    asks = [shared.as_user(A, _alice_asks, str(shared.out)) for _ in range(3)]
+    for ask in asks:
+        assert shared.wait_job(ask[0]).exit_code == 0
+    quiet = sorted(ask[1] for ask in asks)[1]
     events0, requests0 = _db_counts(shared.home)
     names = shared.as_user(B, _flood, 20_000, 1_000)
-    # A asks while B's flood is being dealt with: answered within a second
+    # A asks while B's flood is being dealt with: answered within a second (or 4x its quiet
+    # answer, where that is longer: the flood must not queue A behind it, whatever the box)
     job_id, took, left = shared.as_user(A, _alice_asks, str(shared.out))
-    assert took < 1.0, (took, left)
+    assert took < max(1.0, 4 * quiet), (took, quiet, left)
     assert shared.wait_job(job_id).exit_code == 0
     queue = shared.paths.queue
     wait_for(
