@@ -20,12 +20,18 @@ running. Should a collision still happen, the trial fails at start with a messag
 port ("cannot listen on 127.0.0.1:N" / "the rendezvous port C10D_PORT=N is in use") and is
 restarted with fresh ports like any other failed start (max_restarts). Where the ephemeral range
 leaves too little room below it, the kernel picks (port 0), as before.
+
+``python3 -m det_local.launch.ports`` prints ``export NAME=PORT`` lines for a shell, chosen the
+same way on the machine it runs on: a Slurm job's batch shell runs it on the allocation's first
+node (the chief), since the ports the daemon chose are free on the daemon's machine, not
+necessarily there (`slurm/script.py`); srun hands them to the other nodes.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import sys
 from collections.abc import Collection
 from pathlib import Path
 
@@ -118,3 +124,20 @@ def free_port() -> int:
 def port_env(ports: dict[str, int]) -> dict[str, str]:
     """The ports as environment variables (strings)."""
     return {name: str(port) for name, port in ports.items()}
+
+
+def main() -> int:
+    """Print the four ports, chosen here, as shell ``export`` lines; 1 with one error line (the
+    caller keeps the ports it had)."""
+    try:
+        ports = allocate_ports()
+    except OSError as err:
+        print(f"det-local: cannot choose ports on this machine: {err}", file=sys.stderr)
+        return 1
+    for name, port in ports.items():
+        print(f"export {name}={port}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,8 +4,9 @@ The plan is the one a local run carries out (`sched/run/trialplan.build_trial_pl
 argv, environment (DET_*, the session's socket and token, the latest checkpoint), working
 directory and umask. The script adds only what Slurm decides: the node's name
 (``DET_AGENT_ID``), the GPUs Slurm gave (``CUDA_VISIBLE_DEVICES`` is Slurm's, never this
-machine's), and, for a trial over several nodes, ``srun`` starting the plan's command once per
-node with the rendezvous on the allocation's first host.
+machine's), the trial's ports chosen again on the allocation's first node (those the daemon
+chose were free on its own machine: `launch/ports.py`), and, for a trial over several nodes,
+``srun`` starting the plan's command once per node with the rendezvous on that first host.
 
 The batch shell runs the command in the background and waits for it. On ``USR1`` (sent by
 Slurm ``signal_lead`` seconds before the time limit: ``--signal=B:USR1@N``) it tells the engine,
@@ -23,6 +24,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from det_local.launch.ports import PORT_VARS
 from det_local.sched.run.launchplan import LaunchPlan
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.stage import for_pool
@@ -99,6 +101,9 @@ def batch_script(
     for key in sorted(env):
         lines.append(f"export {key}={shlex.quote(env[key])}")
     lines.append('export DET_AGENT_ID="$(hostname)"')
+    if PORT_VARS[0] in env:  # the ports, chosen again here: the daemon's were free on its host
+        ports = f"{shlex.quote(sys.executable)} -m det_local.launch.ports"
+        lines.append(f'_det_local_ports="$({ports})" && eval "$_det_local_ports"')
     if shape.nodes == 1:  # get_cluster_info() of the node (several: slurm/node.py sets it)
         lines.append(
             'export DET_LOCAL_NODE_INFO="{\\"agent_id\\": \\"$(hostname)\\", '

@@ -145,3 +145,75 @@ def test_a_two_node_trial_starts_one_launcher_per_node_with_srun() -> None:
         " -m det_local.slurm.node -- python3 -m determined.launch.torch_distributed "
         "python3 train.py &"
     )
+
+
+def test_the_ports_are_chosen_again_on_the_first_node() -> None:
+    """The daemon chose the trial's ports where they were free: on its own machine. The batch
+    shell chooses them again on the node it runs on (the allocation's first, the chief): a port
+    taken there is not the one the trial gets."""
+    import socket
+    import subprocess
+
+    from det_local.launch.ports import PORT_VARS, allocate_ports
+
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen(1)
+    taken = busy.getsockname()[1]
+    try:
+        daemons = {**{k: str(v) for k, v in allocate_ports().items()}, "C10D_PORT": str(taken)}
+        pool = parse_slurm_pool("hpc", {"partition": "debug"}, "x")
+        plan = LaunchPlan(
+            argv=["python3", "train.py"],
+            env={"DET_TRIAL_ID": "3", "DET_EXPERIMENT_ID": "2", **daemons},
+            cwd="/ctx",
+            user="alice",
+            slots=[],
+            log_path="/home/det/out.log",
+            info_dir="/home/det/runs/1",
+        )
+        lines = batch_script(plan, pool, 1).splitlines()
+        exports = [line for line in lines if line.startswith("export ")]
+        assert f"export C10D_PORT={taken}" in exports  # the daemon's, then chosen again:
+        again = next(i for i, line in enumerate(lines) if "-m det_local.launch.ports" in line)
+        assert again > max(lines.index(f"export {name}={daemons[name]}") for name in PORT_VARS)
+        show = "; ".join(f'echo "{name}=${name}"' for name in PORT_VARS)
+        shell = "\n".join([*exports, lines[again], show])
+        out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = dict(line.split("=") for line in out.stdout.split())
+        assert set(got) == set(PORT_VARS) and len(set(got.values())) == 4
+        assert int(got["C10D_PORT"]) != taken
+        for port in got.values():  # each free on this node
+            with socket.socket() as probe:
+                probe.bind(("0.0.0.0", int(port)))
+    finally:
+        busy.close()
+
+
+def test_a_node_that_cannot_choose_ports_keeps_the_daemons() -> None:
+    """`python3 -m det_local.launch.ports` failing (one line on stderr) leaves the ports the
+    script exported: the trial starts with them rather than with none."""
+    import subprocess
+
+    pool = parse_slurm_pool("hpc", {"partition": "debug"}, "x")
+    plan = LaunchPlan(
+        argv=["python3", "train.py"],
+        env={"DET_TRIAL_ID": "3", "C10D_PORT": "23456"},
+        cwd="/ctx",
+        user="alice",
+        slots=[],
+        log_path="/home/det/out.log",
+        info_dir="/home/det/runs/1",
+    )
+    lines = batch_script(plan, pool, 1).splitlines()
+    again = next(line for line in lines if "-m det_local.launch.ports" in line)
+    # the same line with a chooser that fails the way main() does
+    failing = again.replace(
+        again.split('"$(')[1].split(')"')[0],
+        "sh -c 'echo \"det-local: cannot choose ports on this machine: x\" >&2; exit 1'",
+    )
+    shell = f"export C10D_PORT=23456\n{failing}\necho $C10D_PORT"
+    out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["23456"]
+    assert out.stderr.strip() == "det-local: cannot choose ports on this machine: x"
