@@ -19,7 +19,7 @@ from det_local.store.states import State
 from det_local.wire import rpc
 from tests.support import slurmkit
 from tests.support.slurmproxy import Proxy, config, daemon_log, shared, start
-from tests.support.world import Env, wait_for
+from tests.support.world import Env, steps, wait_for
 
 pytestmark = pytest.mark.slow
 __all__ = ["shared"]  # the fixture, used by name
@@ -197,7 +197,7 @@ def test_a_two_rank_pytorch_trial_pauses_and_resumes_exactly_over_tcp(
     next boundary (README: validation every 4 batches here), so it stops at batch 8."""
     import torch
 
-    from tests.support.trials.pytorch import TRAIN, final_state, steps
+    from tests.support.trials.pytorch import TRAIN, final_state
     from tests.support.trials.pytorch import config as pt_config
 
     proxy = start(dl, slurm, shared, slots_per_node=2)
