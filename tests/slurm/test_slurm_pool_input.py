@@ -122,19 +122,27 @@ def test_config_check_prints_the_batch_script(dl: Env) -> None:
     assert dl.json("config", "check", cfg, ctx)["plan"]["pool"] == "hpc"
 
 
-def test_a_two_node_trial_starts_one_launcher_per_node_with_srun() -> None:
-    """The script of a GPU pool's 2-node trial (run for real on CPU nodes in network
-    namespaces: tests/test_slurm_nodes.py)."""
-    pool = parse_slurm_pool("hpc", {"partition": "gpu", "gres": "gpu", "slots_per_node": 4}, "x")
-    assert Shape.of(8, pool) == Shape(nodes=2, per_node=4)
-    plan = LaunchPlan(
-        argv=["python3", "-m", "determined.launch.torch_distributed", "python3", "train.py"],
-        env={"DET_TRIAL_ID": "3", "DET_EXPERIMENT_ID": "2", "DET_TRIAL_RUN_ID": "1"},
+def _plan(argv: list[str], env: dict[str, str]) -> LaunchPlan:
+    """A trial's launch plan as the script generator sees it (paths are only written into it)."""
+    return LaunchPlan(
+        argv=argv,
+        env=env,
         cwd="/ctx",
         user="alice",
         slots=[],
         log_path="/home/det/out.log",
         info_dir="/home/det/runs/1",
+    )
+
+
+def test_a_two_node_trial_starts_one_launcher_per_node_with_srun() -> None:
+    """The script of a GPU pool's 2-node trial (run for real on CPU nodes in network
+    namespaces: tests/test_slurm_nodes.py)."""
+    pool = parse_slurm_pool("hpc", {"partition": "gpu", "gres": "gpu", "slots_per_node": 4}, "x")
+    assert Shape.of(8, pool) == Shape(nodes=2, per_node=4)
+    plan = _plan(
+        ["python3", "-m", "determined.launch.torch_distributed", "python3", "train.py"],
+        {"DET_TRIAL_ID": "3", "DET_EXPERIMENT_ID": "2", "DET_TRIAL_RUN_ID": "1"},
     )
     script = batch_script(plan, pool, 8)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:4" in script
@@ -163,14 +171,8 @@ def test_the_ports_are_chosen_again_on_the_first_node() -> None:
     try:
         daemons = {**{k: str(v) for k, v in allocate_ports().items()}, "C10D_PORT": str(taken)}
         pool = parse_slurm_pool("hpc", {"partition": "debug"}, "x")
-        plan = LaunchPlan(
-            argv=["python3", "train.py"],
-            env={"DET_TRIAL_ID": "3", "DET_EXPERIMENT_ID": "2", **daemons},
-            cwd="/ctx",
-            user="alice",
-            slots=[],
-            log_path="/home/det/out.log",
-            info_dir="/home/det/runs/1",
+        plan = _plan(
+            ["python3", "train.py"], {"DET_TRIAL_ID": "3", "DET_EXPERIMENT_ID": "2", **daemons}
         )
         lines = batch_script(plan, pool, 1).splitlines()
         exports = [line for line in lines if line.startswith("export ")]
@@ -197,15 +199,7 @@ def test_a_node_that_cannot_choose_ports_keeps_the_daemons() -> None:
     import subprocess
 
     pool = parse_slurm_pool("hpc", {"partition": "debug"}, "x")
-    plan = LaunchPlan(
-        argv=["python3", "train.py"],
-        env={"DET_TRIAL_ID": "3", "C10D_PORT": "23456"},
-        cwd="/ctx",
-        user="alice",
-        slots=[],
-        log_path="/home/det/out.log",
-        info_dir="/home/det/runs/1",
-    )
+    plan = _plan(["python3", "train.py"], {"DET_TRIAL_ID": "3", "C10D_PORT": "23456"})
     lines = batch_script(plan, pool, 1).splitlines()
     again = next(line for line in lines if "-m det_local.launch.ports" in line)
     # the same line with a chooser that fails the way main() does
