@@ -113,12 +113,7 @@ def test_a_job_sbatch_made_as_the_daemon_died_is_adopted_by_name(
         cfg, ctx = dl.trainer(hp, HPC)
         assert dl.det("run", "--detach", cfg, ctx).rc == 0
         daemon = psutil.Process(dl.daemon_pid())
-
-        def sbatch() -> int:
-            kids = daemon.children(recursive=True)
-            return next((p.pid for p in kids if p.name() == "sbatch"), 0)
-
-        pid = wait_for(sbatch, timeout=60, what="the daemon's sbatch")
+        pid = wait_for(lambda: _sbatch(daemon), timeout=60, what="the daemon's sbatch")
         dl.kill_daemon()
     finally:
         start_slurmctld(slurm)
@@ -164,12 +159,7 @@ def test_a_restart_while_slurmctld_is_down_does_not_submit_the_run_twice(
         cfg, ctx = dl.trainer(hp, HPC)
         assert dl.det("run", "--detach", cfg, ctx).rc == 0
         daemon = psutil.Process(dl.daemon_pid())
-
-        def sbatch(proc: psutil.Process) -> int:
-            kids = proc.children(recursive=True)
-            return next((p.pid for p in kids if p.name() == "sbatch"), 0)
-
-        wait_for(lambda: sbatch(daemon), timeout=60, what="the daemon's sbatch")
+        wait_for(lambda: _sbatch(daemon), timeout=60, what="the daemon's sbatch")
         dl.kill_daemon()
         start_daemon(dl, slurm)  # slurmctld still down
         held = "whether the sbatch under way when the daemon stopped made a job"
@@ -181,7 +171,7 @@ def test_a_restart_while_slurmctld_is_down_does_not_submit_the_run_twice(
         again = psutil.Process(dl.daemon_pid())
         began = time.monotonic()
         while time.monotonic() - began < 5:  # nothing submitted while Slurm cannot tell
-            assert sbatch(again) == 0
+            assert _sbatch(again) == 0
             time.sleep(0.2)
         assert slurm_id(dl, 1) == 0
     finally:
@@ -239,3 +229,9 @@ def test_finding_an_unrecorded_job_waits_for_slurm_and_confirms_none(
         "for 0s): whether the run's sbatch, under way when the daemon stopped, made a job is "
         "unknown; the trial is not submitted again (scancel that job if squeue shows it)"
     ), sub.error
+
+
+def _sbatch(daemon: Any) -> int:
+    """The pid of an sbatch the daemon (a psutil.Process) is running, 0 when none."""
+    kids = daemon.children(recursive=True)
+    return next((p.pid for p in kids if p.name() == "sbatch"), 0)
