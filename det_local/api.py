@@ -88,6 +88,26 @@ def create_experiment(
     return run(config_path, context_dir, follow=follow, test_mode=test_mode, anywhere=anywhere)
 
 
+def fork_experiment(experiment_id: int, overrides: dict[str, Any], *, follow: bool) -> int:
+    """`experiment fork`: a new experiment from another's config (overrides laid over it) and
+    context snapshot (`client/fork.py`), submitted as `experiment create` does; the exit code."""
+    from det_local.client.embedded import run_config
+    from det_local.client.fork import forked_config
+
+    p = paths()
+    cfg, context, source = forked_config(p, experiment_id, overrides)
+    if not follow:
+        from det_local.errors import DetLocalError
+        from det_local.sched.enginelock import lock_free
+
+        if lock_free(p):
+            raise DetLocalError(
+                f"no det-local daemon is running for {p.home}: `det-local daemon start` "
+                "first, or `det-local experiment fork -f` runs the fork in this terminal"
+            )
+    return run_config(p, cfg, context, source, follow=follow)
+
+
 def test_experiment(
     config_path: str | Path, context_dir: str | Path, *, home: str | Path | None = None
 ) -> TestReport:

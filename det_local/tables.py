@@ -24,6 +24,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from det_local.textsafe import visible
+
 PIPE_WIDTH = 100  # when stdout is no terminal and COLUMNS is not set
 SEP = " | "  # the plain column separator; the rich layout uses the same three columns
 FLEX_OVER = 20  # a column whose content is wider than this may shrink (flex="auto")
@@ -83,13 +85,16 @@ def use_colour() -> bool:
 
 
 def cell_text(value: Any) -> str:
-    """A cell as one line of text (None is empty; line breaks become spaces)."""
+    """A cell as one line of text (None is empty; line breaks become spaces), safe for a
+    terminal: control characters and bidi controls shown visibly (`textsafe.visible`)."""
     if value is None:
         return ""
     text = str(value)
+    if text.isprintable():
+        return text
     if "\n" in text or "\r" in text or "\t" in text:
         text = " ".join(text.split())
-    return text
+    return visible(text)
 
 
 def fit(
@@ -173,12 +178,15 @@ def table(
     optional: Sequence[str] = (),
     width: int | None = None,
     tty: bool | None = None,
+    whole: str | None = None,
 ) -> str:
     """The table as text that fits `width` (default: terminal_width()).
 
     flex: the headers of the columns that may shrink (default: every column wider than
     FLEX_OVER). optional: headers of columns to drop, first ones first, when shrinking is not
-    enough. tty: render for a terminal (rich, folding, colour) or plain (default: stdout's)."""
+    enough. tty: render for a terminal (rich, folding, colour) or plain (default: stdout's).
+    whole: the header of the last column, free text (a message) that plain output never cuts:
+    a pipe's reader gets all of it, the line as long as it needs (a terminal folds it)."""
     cells = [[cell_text(c) for c in row] for row in rows]
     natural = [len(h) for h in headers]
     for row in cells:
@@ -189,13 +197,20 @@ def table(
     else:
         flex_idx = {i for i, h in enumerate(headers) if h in flex}
     opt_idx = [headers.index(h) for h in optional if h in headers]
+    rich = tty if tty is not None else is_tty()
+    uncut = headers.index(whole) if whole in headers and not rich else None
+    if uncut is not None:  # laid out at its header's width; printed whole
+        natural[uncut] = len(headers[uncut])
+        flex_idx.discard(uncut)
     layout = fit(headers, natural, width or terminal_width(), flex_idx, opt_idx)
-    if tty if tty is not None else is_tty():
+    if rich:
         return _rich(headers, cells, layout, flex_idx, width or terminal_width())
-    return _plain(headers, cells, layout)
+    return _plain(headers, cells, layout, uncut)
 
 
-def _plain(headers: Sequence[str], cells: list[list[str]], layout: Layout) -> str:
+def _plain(
+    headers: Sequence[str], cells: list[list[str]], layout: Layout, uncut: int | None = None
+) -> str:
     # ASCII: a pipe's reader (awk, cut, wc) may count bytes, and "…" is three of them; a
     # line of `width` characters is then `width` bytes too
     mark = "..."
@@ -205,7 +220,7 @@ def _plain(headers: Sequence[str], cells: list[list[str]], layout: Layout) -> st
         parts = []
         for i, w in cols:
             value = values[i] if i < len(values) else ""
-            parts.append(elide(value, w, mark).ljust(w))
+            parts.append((value if i == uncut else elide(value, w, mark)).ljust(w))
         return SEP.join(parts).rstrip()
 
     rule = "-+-".join("-" * w for _, w in cols)
@@ -248,7 +263,9 @@ def _rich(
         out = []
         for i in layout.columns:
             value = row[i] if i < len(row) else ""
-            style = STATE_STYLES.get(value, "") if colour and i in state_cols else ""
+            # "COMPLETED (archived)": coloured as its state
+            state = value.split(" ", 1)[0]
+            style = STATE_STYLES.get(state, "") if colour and i in state_cols else ""
             out.append(Text(value, style=style))  # Text: no markup is read from the values
         grid.add_row(*out)
     buf = io.StringIO()
@@ -270,7 +287,7 @@ def wrap_lines(label: str, value: str, width: int | None = None, indent: int = 2
     import textwrap
 
     width = width or terminal_width()
-    head = " " * indent + label
+    head = " " * indent + cell_text(label)
     room = max(width - len(head), 20)
     value = cell_text(value)
     if len(value) <= room:

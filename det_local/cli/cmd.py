@@ -134,8 +134,10 @@ def list_commands(
         for j in api.open_store().jobs.list(include_done=True)
         if j.kind != JobKind.TRIAL and (j.ended_at is None or j.ended_at > time.time() - 86400)
     ]
+    from det_local.textsafe import visible
+
     for line in clusterviews.idle_notes(sorted({*recent, *(j.id for j in jobs)})).values():
-        print(line)
+        print(visible(line))
     _hidden_hint(show_all)
 
 

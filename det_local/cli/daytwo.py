@@ -138,6 +138,33 @@ def continue_experiment(
     print(api.control(experiment_id, "continue", overrides=overrides))
 
 
+def fork_experiment(
+    experiment_id: int = typer.Argument(..., metavar="EXPERIMENT_ID", help="The experiment."),
+    config: list[str] = typer.Option(
+        [],
+        "--config",
+        metavar="KEY=VALUE",
+        help="A config edit, dotted keys, a YAML value (repeatable): "
+        "--config hyperparameters.lr=0.01",
+    ),
+    config_file: Path | None = typer.Option(
+        None, "--config-file", help="A YAML file of config edits laid over the config."
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Stay and stream its trials' output, as `run` does."
+    ),
+) -> None:
+    """A new experiment from another's config and code (Determined's `det experiment fork`):
+    its config with the edits laid over it, checked as a config file is, and its context
+    snapshot (read with your rights: a private experiment is its owner's to fork)."""
+    from det_local import api
+
+    overrides = parse_overrides(config, config_file)
+    code = api.fork_experiment(experiment_id, overrides, follow=follow)
+    if code:
+        raise typer.Exit(code)
+
+
 def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, object]:
     """`--config-file` then each `--config a.b=VALUE` (VALUE read as YAML) as one nested
     mapping."""

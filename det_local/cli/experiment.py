@@ -99,11 +99,12 @@ def list_experiments(
         print_json(expviews.experiments_json(all_users=all_users, archived=shown))
         return
     exps = expviews.list_experiments(all_users=all_users, archived=shown)  # configs are not read
+    hidden = expviews.archived_ids() if shown else set()
     rows = [
         [
             e.id,
             e.name,
-            e.state.value,
+            e.state.value + (" (archived)" if e.id in hidden else ""),
             _fmt_progress(e.progress),
             ",".join(e.labels),
             e.user,
@@ -114,6 +115,17 @@ def list_experiments(
     ]
     headers = ["ID", "Name", "State", "Progress", "Labels", "User", "Started", "Ended"]
     print(table(headers, rows, flex=("Name", "Labels", "User"), optional=("Ended",)))
+    if not all_users:
+        _others_hint(expviews.others_count(archived=shown))
+
+
+def _others_hint(others: int) -> None:
+    """On stderr (the table stays what a pipe reads): other users' experiments not listed."""
+    if others:
+        import sys
+
+        word = "experiment" if others == 1 else "experiments"
+        print(f"({others} {word} of other users not shown: --all lists them)", file=sys.stderr)
 
 
 @app.command("describe")
@@ -269,13 +281,16 @@ def best(experiment_id: ExperimentId, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(b)
         return
+    from det_local.textsafe import visible
+
     t = b["trial"]
     print(f"Best trial of experiment {experiment_id}: trial {t['id']} ({t['state']})")
-    print(f"  {b['metric']}: {b['best_validation']}")
-    print(f"  hyperparameters: {t['hparams']}")
+    print(f"  {visible(str(b['metric']))}: {b['best_validation']}")
+    print(f"  hyperparameters: {visible(str(t['hparams']))}")
     c = b["checkpoint"]
     if c:
-        print(f"  checkpoint: {c['uuid']} (steps_completed={c['steps_completed']}) at {c['path']}")
+        where = visible(str(c["path"]))
+        print(f"  checkpoint: {c['uuid']} (steps_completed={c['steps_completed']}) at {where}")
     else:
         print("  checkpoint: none recorded")
 

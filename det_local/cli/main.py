@@ -54,6 +54,7 @@ app.command("run")(run_command)
 # Determined's short names (e, t, c, command, j, ls...) are aliases: det_local/cli/group.py
 experiment.app.command("download-model-def")(daytwo.download_model_def)
 experiment.app.command("continue")(daytwo.continue_experiment)
+experiment.app.command("fork")(daytwo.fork_experiment)
 app.add_typer(experiment.app, name="experiment", cls=DetGroup)
 app.add_typer(trial.app, name="trial", cls=DetGroup)
 app.add_typer(checkpoint.app, name="checkpoint", cls=DetGroup)

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.client.follow import Follower, log_ends, summary
 from det_local.errors import DetLocalError
@@ -21,6 +21,9 @@ from det_local.sched.enginelock import EngineLock
 from det_local.sched.run.launchplan import allowed_submitter_vars
 from det_local.store.paths import Paths
 from det_local.store.states import State
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 EXIT_CODES = {State.COMPLETED: 0, State.ERROR: 1, State.CANCELED: 2, State.PAUSED: 3}
 
@@ -58,6 +61,33 @@ def run_experiment(
     from det_local.config import load_config
 
     cfg = load_config(config_path)
+    return run_config(
+        paths,
+        cfg,
+        context_dir,
+        str(config_path),
+        follow=follow,
+        quiet=quiet,
+        test_mode=test_mode,
+        finish=finish,
+        anywhere=anywhere,
+    )
+
+
+def run_config(
+    paths: Paths,
+    cfg: ExperimentConfig,
+    context_dir: Path,
+    source: str,
+    *,
+    follow: bool = True,
+    quiet: bool = False,
+    test_mode: bool = False,
+    finish: Finish | None = None,
+    anywhere: bool = False,
+) -> int:
+    """`run_experiment` of a config already parsed (`experiment fork`'s: another
+    experiment's, edited); `source` names it in messages."""
     for line in cfg.warnings:  # one line each, before anything runs
         print(f"warning: {line}", file=sys.stderr)
     if anywhere:  # --anywhere: as resources.federate: true
@@ -65,7 +95,6 @@ def run_experiment(
 
         cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, federate=True))
     context_dir = context_dir.resolve()
-    source = str(config_path)
 
     # what trials take from this environment (PATH, LANG...): as a daemon would take it
     env = allowed_submitter_vars(os.environ)

@@ -320,11 +320,14 @@ def stopped_early(store: Store, experiment_id: int) -> set[int]:
 
 
 def gc_note(removed: int, config: dict[str, Any]) -> str:
-    """Why fewer checkpoints are left than were saved: checkpoint GC's rule, as configured."""
-    storage = config.get("checkpoint_storage") or {}
+    """Why fewer checkpoints are left than were saved: checkpoint GC's rule as it applied (the
+    config's values, Determined's defaults for those it leaves out: `ckpt_gc.GcPolicy`)."""
+    from det_local.sched.life.ckpt_gc import GcPolicy
+
+    policy = GcPolicy.from_config(config)
     keep = ", ".join(
-        f"{k} {storage.get(k, d)}"
-        for k, d in (("save_trial_latest", 1), ("save_trial_best", 0), ("save_experiment_best", 0))
+        f"{k} {getattr(policy, k)}"
+        for k in ("save_trial_latest", "save_trial_best", "save_experiment_best")
     )
     word = "checkpoint" if removed == 1 else "checkpoints"
     return f"{removed} older {word} removed by checkpoint GC (checkpoint_storage: {keep})"

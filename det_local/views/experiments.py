@@ -140,6 +140,22 @@ def list_experiments(
     return exps
 
 
+def archived_ids() -> set[int]:
+    """The ids of the archived experiments (`experiment list` marks them)."""
+    return open_store().lifecycle.archived()
+
+
+def others_count(*, archived: bool) -> int:
+    """How many experiments of other users `experiment list` without --all leaves out (the
+    archived ones counted only when ``archived``)."""
+    from det_local.store.db import current_user
+
+    store = open_store()
+    user = current_user()
+    hidden = set() if archived else store.lifecycle.archived()
+    return sum(1 for e in store.list_experiments() if e.user != user and e.id not in hidden)
+
+
 def experiments_json(*, all_users: bool = True, archived: bool = True) -> list[dict[str, Any]]:
     """`experiment list --json` (each with "archived")."""
     store = open_store()

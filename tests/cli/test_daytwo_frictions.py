@@ -62,8 +62,8 @@ def test_run_summary_says_checkpoint_gc_removed_the_older_ones(dl: Env) -> None:
     i = next(i for i, ln in enumerate(lines) if ln.startswith("    checkpoints: 1, latest "))
     assert lines[i + 1] == (
         "    2 older checkpoints removed by checkpoint GC (checkpoint_storage: "
-        "save_trial_latest 1, save_trial_best 0, save_experiment_best 0)"
-    ), r.out
+        "save_trial_latest 1, save_trial_best 1, save_experiment_best 0)"
+    ), r.out  # the values GC applied: Determined's defaults, none configured (issue 34)
 
 
 ASHA = """\

@@ -107,7 +107,8 @@ def experiment_events(
     as_json: JsonFlag = False,
 ) -> None:
     """What happened to an experiment: pauses, preemptions, restarts, failures, checkpoint GC."""
-    from det_local.cli.common import print_json, table
+    from det_local.cli.common import print_json
+    from det_local.tables import table
     from det_local.views import experiments as expviews
 
     events = expviews.experiment_events(experiment_id)
@@ -123,7 +124,8 @@ def experiment_events(
         ]
         for e in events
     ]
-    print(table(["Time", "Level", "Trial", "Message"], rows))
+    # the message whole in a pipe (grep, a bug report): the table is cut at the terminal only
+    print(table(["Time", "Level", "Trial", "Message"], rows, whole="Message"))
 
 
 # ---------------------------------------------------------------------------- best trial

@@ -116,7 +116,9 @@ def describe(model: ModelName, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json({"model": m.to_json(), "versions": [v.to_json() for v in versions]})
         return
-    lines = [f"Model {m.name} (id {m.id}){' (archived)' if m.archived else ''}"]
+    from det_local.textsafe import visible
+
+    lines = [f"Model {visible(m.name)} (id {m.id}){' (archived)' if m.archived else ''}"]
     for k, v in (
         ("Description", m.description),
         ("Labels", ", ".join(m.labels)),

@@ -3,8 +3,10 @@ numbered versions, each pointing at one checkpoint (Determined's model registry)
 
 A checkpoint a version points at is *registered*: checkpoint GC keeps it
 (`sched/life/ckpt_gc.py`), `checkpoint delete` refuses it and deleting its experiment leaves it
-(`sched/intake/lifecycle/`). Only the engine writes these tables
-(`sched/intake/lifecycle/registry.py`).
+(`sched/intake/lifecycle/`). Such a checkpoint stays its creator's (its experiment's owner,
+recorded in `checkpoint_creators` when the experiment is deleted): only they (or an admin)
+may register it again or delete it once no version points at it. Only the engine writes
+these tables (`sched/intake/lifecycle/registry.py`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ CREATE TABLE IF NOT EXISTS model_versions (
     UNIQUE (model_id, version)
 );
 CREATE INDEX IF NOT EXISTS model_versions_by_checkpoint ON model_versions(checkpoint_uuid);
+CREATE TABLE IF NOT EXISTS checkpoint_creators (
+    uuid TEXT PRIMARY KEY,
+    user TEXT NOT NULL
+);
 """
 
 MAX_NAME = 256
@@ -238,7 +244,36 @@ class ModelRegistry:
             str(r[0]) for r in self._rows("SELECT DISTINCT checkpoint_uuid FROM model_versions")
         }
 
+    def checkpoint_owner(self, uuid: str, experiment_id: int) -> str | None:
+        """Who may change a checkpoint: its experiment's owner; its experiment deleted, its
+        creator as recorded then; None when neither is known (an experiment deleted before
+        det-local recorded creators: the admin group's alone)."""
+        rows = self._rows("SELECT user FROM experiments WHERE id=?", (experiment_id,))
+        if not rows:
+            rows = self._rows("SELECT user FROM checkpoint_creators WHERE uuid=?", (uuid,))
+        return str(rows[0][0]) if rows else None
+
+    def unregistered_orphans(self, uuids: Sequence[str]) -> list[str]:
+        """Those of ``uuids`` no version points at any more whose experiment is gone."""
+        registered = self.registered()
+        return [
+            u
+            for u in uuids
+            if u not in registered
+            and self._rows(
+                "SELECT 1 FROM checkpoints c WHERE c.uuid=? AND c.state != 'DELETED' AND NOT "
+                "EXISTS (SELECT 1 FROM experiments e WHERE e.id = c.experiment_id)",
+                (u,),
+            )
+        ]
+
     # ------------------------------------------------------------------ writes (the engine)
+    def record_creator(self, uuid: str, user: str) -> None:
+        """The creator of a checkpoint whose experiment goes (it stays: registered)."""
+        self.db.write(
+            "INSERT OR IGNORE INTO checkpoint_creators(uuid, user) VALUES (?, ?)", (uuid, user)
+        )
+
     def create(
         self, name: str, *, description: str, metadata: dict[str, Any], labels: list[str], user: str
     ) -> ModelRecord:

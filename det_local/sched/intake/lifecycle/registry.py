@@ -4,14 +4,15 @@ change or delete it (`store/tables/registry.py` holds the tables).
 Anyone may create a model; only its owner (or root, the daemon's user, the admin group) may
 change it, register versions in it or delete it. Registering a checkpoint keeps it from
 checkpoint GC and from deletion, so it also needs the right to change that checkpoint's
-experiment: nobody pins another user's files.
+experiment, or, that experiment deleted, to be the checkpoint's creator (recorded when the
+experiment went: `ModelRegistry.checkpoint_owner`): nobody pins another user's files.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from det_local.errors import NotFoundError, StateError
+from det_local.errors import StateError
 from det_local.sched.intake.handlers import Controls, Handler, authorize
 from det_local.sched.intake.spool import Request
 from det_local.store.states import CHECKPOINT_DOWNLOADABLE
@@ -72,11 +73,12 @@ def model_register_version(c: Controls, req: Request) -> dict[str, Any]:
         raise StateError(
             f"checkpoint {uuid} is {ckpt.state}: its files are gone, so it cannot be registered"
         )
-    try:
-        owner = c.store.get_experiment(ckpt.experiment_id).user
-    except NotFoundError:  # its experiment was deleted (the checkpoint stayed: registered)
-        owner = model.user
-    authorize(c.settings, req, owner, f"checkpoint {uuid} (experiment {ckpt.experiment_id})")
+    # its experiment's owner, or (that experiment deleted) its creator: never the model's
+    # owner, so that nobody pins another user's files by registering them
+    owner = c.store.models.checkpoint_owner(uuid, ckpt.experiment_id)
+    authorize(
+        c.settings, req, owner or "nobody", f"checkpoint {uuid} (experiment {ckpt.experiment_id})"
+    )
     number = c.store.models.add_version(model.id, uuid, user=req.user)
     return c.store.models.version(model.id, number).to_json()
 
@@ -93,16 +95,32 @@ def model_version_update(c: Controls, req: Request) -> dict[str, Any]:
 def model_version_delete(c: Controls, req: Request) -> str:
     model = _own_model(c, req)
     version = int(req.payload["version"])
-    c.store.models.version(model.id, version)
+    uuid = c.store.models.version(model.id, version).checkpoint_uuid
     c.store.models.delete_version(model.id, version)
-    return f"model {model.name!r}: version {version} deleted"
+    return f"model {model.name!r}: version {version} deleted" + _orphans_note(c, [uuid])
 
 
 def model_delete(c: Controls, req: Request) -> str:
     model = _own_model(c, req)
+    uuids = [v.checkpoint_uuid for v in c.store.models.versions(model.id)]
     c.store.models.delete(model.id)
     n = model.num_versions
-    return f"model {model.name!r} deleted ({n} version{'s' if n != 1 else ''})"
+    return f"model {model.name!r} deleted ({n} version{'s' if n != 1 else ''})" + _orphans_note(
+        c, uuids
+    )
+
+
+def _orphans_note(c: Controls, uuids: list[str]) -> str:
+    """What the answer adds when a checkpoint of a deleted experiment lost its last version:
+    nothing keeps its files any more but its creator's `checkpoint delete`."""
+    orphans = c.store.models.unregistered_orphans(list(dict.fromkeys(uuids)))
+    if not orphans:
+        return ""
+    return (
+        f"; {len(orphans)} checkpoint{'s' if len(orphans) != 1 else ''} of a deleted experiment "
+        f"no longer registered (its creator removes the files: `det-local checkpoint delete "
+        f"{' '.join(orphans)}`)"
+    )
 
 
 HANDLERS: dict[str, Handler] = {

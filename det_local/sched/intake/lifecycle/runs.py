@@ -11,6 +11,7 @@ logged, naming it).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +160,9 @@ def experiment_delete(c: Controls, req: Request) -> str:
     ckpts = c.store.list_checkpoints(experiment_id=exp_id)
     doomed = [k for k in ckpts if k.uuid not in registered]
     kept = len(ckpts) - len(doomed)
+    for k in ckpts:
+        if k.uuid in registered:  # it outlives the experiment: still its creator's
+            c.store.models.record_creator(k.uuid, rec.user)
     ident = _owner_identity(c, exp_id)
     targets = [(k.uuid, k.path) for k in doomed]
     targets += c.store.list_incomplete_checkpoints(experiment_id=exp_id)
@@ -190,14 +194,13 @@ def _remove_tree(path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- checkpoints
-def _own_checkpoint(c: Controls, req: Request, uuid: str) -> CheckpointRecord:
+def _own_checkpoint(c: Controls, req: Request, uuid: str) -> tuple[CheckpointRecord, str]:
+    """The checkpoint and its owner: its experiment's, or (that experiment deleted, the
+    checkpoint kept by a model) its creator's as recorded then."""
     ckpt = c.store.get_checkpoint(uuid)
-    try:
-        owner = c.store.get_experiment(ckpt.experiment_id).user
-    except NotFoundError:  # its experiment was deleted; the checkpoint stayed (registered)
-        owner = ""
-    authorize(c.settings, req, owner or "nobody", f"checkpoint {uuid}")
-    return ckpt
+    owner = c.store.models.checkpoint_owner(uuid, ckpt.experiment_id) or "nobody"
+    authorize(c.settings, req, owner, f"checkpoint {uuid}")
+    return ckpt, owner
 
 
 def checkpoint_delete(c: Controls, req: Request) -> str:
@@ -211,30 +214,47 @@ def checkpoint_delete(c: Controls, req: Request) -> str:
             "this subset of checkpoints provided are in the model registry and cannot be "
             f"deleted: {in_registry} (`det-local model list` shows the models)"
         )
-    ckpts = [_own_checkpoint(c, req, u) for u in uuids]
-    for k in ckpts:
-        state = c.store.get_experiment(k.experiment_id).state
+    owned = [_own_checkpoint(c, req, u) for u in uuids]
+    for k, _ in owned:
+        try:
+            state = c.store.get_experiment(k.experiment_id).state
+        except NotFoundError:  # deleted: the checkpoint outlived it in a model, now left
+            continue
         if not state.terminal:
             raise StateError(
                 f"checkpoint {k.uuid}: its experiment {k.experiment_id} is {state.value}; "
                 "checkpoints of running or paused experiments cannot be deleted (a trial may "
                 "resume from them)"
             )
-    by_exp: dict[int, list[CheckpointRecord]] = {}
-    for k in ckpts:
-        by_exp.setdefault(k.experiment_id, []).append(k)
-    for exp_id, group in by_exp.items():
+    by_owner: dict[str, list[CheckpointRecord]] = {}
+    for k, owner in owned:
+        by_owner.setdefault(owner, []).append(k)
+    for owner, group in by_owner.items():
         _mark_deleted(c, group)
         targets = [(k.uuid, k.path) for k in group]
-        _after_commit(c, _remover(c, targets, _owner_identity(c, exp_id)))
+        # with the owner's rights (a root daemon acts for users)
+        _after_commit(c, _remover(c, targets, _identity_for(owner, group)))
     n = len(uuids)
     return f"deleted {n} checkpoint{'s' if n != 1 else ''}"
+
+
+def _identity_for(owner: str, ckpts: list[CheckpointRecord]) -> dict[str, Any]:
+    """The rights files are removed with: the owner's; for a checkpoint whose creator is not
+    known (an admin deletes it), its directory's owner's, never the daemon's."""
+    if owner != "nobody":
+        return identity(uid_of(owner))
+    for k in ckpts:
+        try:
+            return identity(os.lstat(k.path).st_uid)
+        except OSError:
+            continue
+    return identity(uid_of("nobody"))
 
 
 def checkpoint_metadata(c: Controls, req: Request) -> dict[str, Any]:
     """Replace a checkpoint's user metadata (what add_metadata/remove_metadata computed)."""
     uuid = str(req.payload["uuid"])
-    ckpt = _own_checkpoint(c, req, uuid)
+    ckpt, _ = _own_checkpoint(c, req, uuid)
     metadata = req.payload["metadata"]
     if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
         raise DetLocalError(f"checkpoint {uuid}: metadata must be a JSON object")

@@ -1,0 +1,89 @@
+"""`experiment fork ID [--config KEY=VALUE ...]` (Determined's `det experiment fork`, the CLI
+twin of a dashboard's Fork): a new experiment from another's config and code.
+
+The config is the original's as recorded, with the overrides laid over it (`--config` dotted
+keys, `--config-file`), then checked as a config file is (`config.parse_config`: one-line
+errors, did-you-mean for unknown fields). Hyperparameters are the user's own names, which no
+schema can check: an override naming one the original does not define but close to one it
+does (`hyperparameters.lrr` beside `lr`) is refused with a did-you-mean; a name close to none
+adds a hyperparameter. The context is the original's snapshot, snapshotted again with the
+forker's rights (a root daemon takes it as the submitter, as for any submission): the config
+is in the database, which every user reads, but the code only as its files' modes say, so a
+private experiment (its owner's umask 077) cannot be forked by another user.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from det_local.errors import ConfigError, DetLocalError
+from det_local.store.paths import Paths
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
+
+
+def forked_config(
+    paths: Paths, experiment_id: int, overrides: dict[str, Any]
+) -> tuple[ExperimentConfig, Path, str]:
+    """(the fork's config, the original's context snapshot, the name messages give it)."""
+    from det_local.config import parse_config
+    from det_local.sched.daytwo.cont import merge
+    from det_local.sched.sessions.unmanaged import is_unmanaged
+    from det_local.store.db import Store
+
+    store = Store(paths.db, readonly=True)
+    try:
+        rec = store.get_experiment(experiment_id)
+    finally:
+        store.close()
+    if is_unmanaged(rec.config):
+        raise DetLocalError(
+            f"experiment {experiment_id} is unmanaged (core_v2): det-local never had its code "
+            "to fork; run your script again"
+        )
+    context = paths.context_dir(experiment_id)
+    try:
+        os.listdir(context)
+    except FileNotFoundError:
+        raise DetLocalError(
+            f"experiment {experiment_id} has no context snapshot at {context} (deleted with "
+            "the experiment); `det-local experiment create CONFIG CONTEXT` with your own code"
+        ) from None
+    except PermissionError:
+        raise DetLocalError(
+            f"cannot read experiment {experiment_id}'s context snapshot {context}: it is "
+            f"private to {rec.user} (only its owner and the admin group may fork it)"
+        ) from None
+    check_hyperparameter_names(rec.config.get("hyperparameters"), overrides, experiment_id)
+    source = f"experiment {experiment_id}'s config with the --config edits"
+    cfg = parse_config(merge(rec.config, overrides), source=source)
+    return cfg, context, source
+
+
+def check_hyperparameter_names(
+    original: Any, overrides: dict[str, Any], experiment_id: int
+) -> None:
+    """Refuse an override under `hyperparameters` that names what the original does not
+    define while it is close to a name it does (a typo would otherwise run the original's
+    value under the name the code reads)."""
+    from det_local.suggest import closest
+
+    def walk(defined: Any, edits: Any, path: str) -> None:
+        if not isinstance(defined, dict) or not isinstance(edits, dict):
+            return
+        for key, value in edits.items():
+            here = f"{path}.{key}"
+            if key in defined:
+                walk(defined[key], value, here)
+                continue
+            guess = closest(key, [str(k) for k in defined])
+            if guess is not None:
+                raise ConfigError(
+                    f"--config {here}: experiment {experiment_id} has no {here}; did you "
+                    f"mean '{path}.{guess}'?"
+                )
+
+    walk(original, overrides.get("hyperparameters"), "hyperparameters")
