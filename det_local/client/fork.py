@@ -45,22 +45,39 @@ def forked_config(
             "to fork; run your script again"
         )
     context = paths.context_dir(experiment_id)
-    try:
-        os.listdir(context)
-    except FileNotFoundError:
+    if not context.is_dir():
         raise DetLocalError(
             f"experiment {experiment_id} has no context snapshot at {context} (deleted with "
             "the experiment); `det-local experiment create CONFIG CONTEXT` with your own code"
-        ) from None
-    except PermissionError:
+        )
+    private = _unreadable(context)
+    if private is not None:
         raise DetLocalError(
-            f"cannot read experiment {experiment_id}'s context snapshot {context}: it is "
+            f"cannot read experiment {experiment_id}'s context snapshot ({private}): it is "
             f"private to {rec.user} (only its owner and the admin group may fork it)"
-        ) from None
+        )
     check_hyperparameter_names(rec.config.get("hyperparameters"), overrides, experiment_id)
     source = f"experiment {experiment_id}'s config with the --config edits"
     cfg = parse_config(merge(rec.config, overrides), source=source)
     return cfg, context, source
+
+
+def _unreadable(context: Path) -> str | None:
+    """The first file or directory of the snapshot this user cannot read (None: all can be;
+    the daemon snapshots it again as this user, which is what decides)."""
+    failed: list[str] = []
+
+    def refused(err: OSError) -> None:
+        failed.append(str(err.filename))
+
+    for top, _dirs, names in os.walk(context, onerror=refused):
+        if failed:
+            break
+        for name in names:
+            path = os.path.join(top, name)
+            if not os.path.islink(path) and not os.access(path, os.R_OK):
+                return path
+    return failed[0] if failed else None
 
 
 def check_hyperparameter_names(
