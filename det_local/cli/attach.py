@@ -66,10 +66,12 @@ def experiment_wait(experiment_id: ExperimentId) -> None:
         state = attach.wait(store, api.paths(), experiment_id, _note)
     except KeyboardInterrupt:
         raise _interrupted(experiment_id, "waiting") from None
+    from det_local.textsafe import visible
+
     exp = store.get_experiment(experiment_id)
-    line = f"experiment {experiment_id} ({exp.name}) {state.value}"
+    line = f"experiment {experiment_id} ({visible(exp.name)}) {state.value}"
     if exp.message and state.value != "COMPLETED":
-        line += f": {exp.message}"
+        line += f": {visible(exp.message)}"
     print(f"{line} (waited {time.time() - started:.1f}s)", flush=True)
     raise typer.Exit(attach.exit_code(state))
 

@@ -268,15 +268,18 @@ def _fmt(value: Any) -> str:
 
 
 def summary(store: Store, experiment_id: int, elapsed: float) -> str:
+    from det_local.textsafe import visible
+
     rec = store.get_experiment(experiment_id)
-    lines = [f"Experiment {experiment_id} ({rec.name}) {rec.state.value} after {elapsed:.1f}s"]
+    name = visible(rec.name)  # `experiment wait` and `logs -f` show other users' experiments
+    lines = [f"Experiment {experiment_id} ({name}) {rec.state.value} after {elapsed:.1f}s"]
     trials = store.list_trials(experiment_id)
     if (
         rec.message
         and rec.state != State.COMPLETED
         and all(t.message != rec.message for t in trials)
     ):
-        lines.append(f"  {rec.message}")
+        lines.append(f"  {visible(rec.message)}")
     if len(trials) > 1:  # a search: best first, a few rows, the best trial's checkpoint
         from det_local.client.searchsummary import search_lines
 
@@ -303,7 +306,7 @@ def summary(store: Store, experiment_id: int, elapsed: float) -> str:
         if removed:
             lines.append(f"    {gc_note(removed, rec.config)}")
         if t.message:  # why it failed, or why it ended early (InvalidHP)
-            lines.append(f"    {t.message}")
+            lines.append(f"    {visible(t.message)}")
     if rec.state == State.PAUSED:
         lines.append(f"  resume with: det-local experiment activate {experiment_id}")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ import pytest
 from det_local import api
 from det_local.errors import DetLocalError
 from tests.support.trials.core import CORE, core_config
-from tests.support.users import A, B, Shared, _submit_raw
+from tests.support.users import A, B, Shared, _submit_raw, cli_output
 from tests.support.world import Env, one_line_error, wait_for
 
 CPU1 = {"DET_LOCAL_FAKE_GPUS": "0", "DET_LOCAL_CPU_SLOTS": "1"}
@@ -90,8 +90,6 @@ def test_experiment_list_hints_at_others_and_marks_archived(shared: Shared) -> N
     assert mark["state"] == "COMPLETED" and mark["archived"] is True  # JSON unchanged
 
     # bob sees his own archived one marked with --archived, and alice's hinted
-    from tests.security.test_security_terminal import cli_output
-
     out = shared.as_user(B, cli_output, ["experiment", "list", "--archived"])
     assert "COMPLETED (archived)" in out and "alices" not in out, out
 

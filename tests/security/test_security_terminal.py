@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import json
 import os
 import pty
@@ -39,7 +38,7 @@ import det_local.views.experiments  # noqa: F401
 from det_local import api
 from det_local.textsafe import BIDI
 from det_local.trial.session import Session
-from tests.support.users import A, B, Shared, _submit_raw, start_sleeping_trial
+from tests.support.users import A, B, Shared, _submit_raw, cli_output, start_sleeping_trial
 from tests.support.world import wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -95,16 +94,6 @@ def _in_pty(env: dict[str, str], *args: Any) -> str:
     return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
-def cli_output(args: list[str]) -> str:
-    """As alice: the CLI in this (forked, setuid) process, stdout captured (a pipe's view)."""
-    from typer.main import get_command
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
-        get_command(det_local.cli.main.app).main(args, "det-local", standalone_mode=False)
-    return buf.getvalue()
-
-
 def report_nan(env: dict[str, str], metric: str) -> Any:
     """As bob's trial: a validation of its searcher metric that is NaN (an event names it)."""
     session = Session(
@@ -156,6 +145,7 @@ def test_other_users_escapes_reach_no_terminal(shared: Shared) -> None:
     views = [
         ("experiment", "list", "--all"),
         ("experiment", "describe", exp),
+        ("experiment", "wait", exp),
         ("experiment", "events", sleeper["exp"]),
         ("trial", "list", exp),
         ("trial", "describe", trial),

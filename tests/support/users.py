@@ -36,6 +36,8 @@ def _import_before_dropping_root() -> None:
     """Everything the children need is imported before they drop root (they cannot read
     /root): the modules det-local's client calls import lazily, and ctypes (inotify)."""
     import det_local.cli.job
+    import det_local.cli.main
+    import det_local.cli.results.history
     import det_local.client.control
     import det_local.client.daemonctl
     import det_local.client.embedded
@@ -165,6 +167,22 @@ class Shared:
         return wait_for(
             lambda: (j := self.job(job_id)).state == state and j, what=f"job {job_id} {state}"
         )
+
+
+def cli_output(args: list[str]) -> str:
+    """The CLI run in this process, its stdout captured (what a pipe shows): in
+    `Shared.as_user`'s child, a command as that user sees it (they cannot start Python)."""
+    import contextlib
+    import io
+
+    from typer.main import get_command
+
+    from det_local.cli.main import app
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        get_command(app).main(args, "det-local", standalone_mode=False)
+    return buf.getvalue()
 
 
 def _submit_raw(config: dict[str, Any], context: str) -> Any:
