@@ -323,10 +323,11 @@ def delete(
     """Delete an ended experiment: its checkpoints (but those registered in a model), its
     logs, its context snapshot and its records. Refused while it runs."""
     from det_local.api import open_store
+    from det_local.textsafe import visible
 
     exp = open_store().get_experiment(experiment_id)  # a clear error for an unknown id
     if not yes and not confirm(
-        f"Delete experiment {experiment_id} ({exp.name}) with its checkpoints and logs?"
+        f"Delete experiment {experiment_id} ({visible(exp.name)}) with its checkpoints and logs?"
     ):
         print("aborted; nothing was deleted")
         raise typer.Exit(1)
