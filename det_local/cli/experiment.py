@@ -98,8 +98,8 @@ def list_experiments(
     if as_json:
         print_json(expviews.experiments_json(all_users=all_users, archived=shown))
         return
-    exps = expviews.list_experiments(all_users=all_users, archived=shown)  # configs are not read
-    hidden = expviews.archived_ids() if shown else set()
+    # configs are not read; the archived ones marked; others' counted for the hint
+    exps, hidden, others = expviews.experiment_rows(all_users=all_users, archived=shown)
     rows = [
         [
             e.id,
@@ -115,8 +115,7 @@ def list_experiments(
     ]
     headers = ["ID", "Name", "State", "Progress", "Labels", "User", "Started", "Ended"]
     print(table(headers, rows, flex=("Name", "Labels", "User"), optional=("Ended",)))
-    if not all_users:
-        _others_hint(expviews.others_count(archived=shown))
+    _others_hint(others)
 
 
 def _others_hint(others: int) -> None:

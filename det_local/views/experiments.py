@@ -140,20 +140,22 @@ def list_experiments(
     return exps
 
 
-def archived_ids() -> set[int]:
-    """The ids of the archived experiments (`experiment list` marks them)."""
-    return open_store().lifecycle.archived()
-
-
-def others_count(*, archived: bool) -> int:
-    """How many experiments of other users `experiment list` without --all leaves out (the
-    archived ones counted only when ``archived``)."""
+def experiment_rows(*, all_users: bool, archived: bool) -> tuple[list[Any], set[int], int]:
+    """What `experiment list` shows, from one read: the experiments (as list_experiments), the
+    ids of the archived ones among them (marked), and how many of other users' it leaves out
+    (0 with ``all_users``; archived ones counted only when ``archived``)."""
     from det_local.store.db import current_user
 
     store = open_store()
+    hidden = store.lifecycle.archived()
+    exps = store.list_experiments()
+    if not archived:
+        exps = [e for e in exps if e.id not in hidden]
+    if all_users:
+        return exps, hidden, 0
     user = current_user()
-    hidden = set() if archived else store.lifecycle.archived()
-    return sum(1 for e in store.list_experiments() if e.user != user and e.id not in hidden)
+    mine = [e for e in exps if e.user == user]
+    return mine, hidden, len(exps) - len(mine)
 
 
 def experiments_json(*, all_users: bool = True, archived: bool = True) -> list[dict[str, Any]]:
