@@ -91,8 +91,9 @@ def create_app(
 ) -> App:
     """The ASGI application: every request must carry `token` (guard.py); loopback_only: only
     requests to a loopback Host name are answered; port: the one it listens on (the name of
-    the cookie older det-locals set, expired at login); hint: how a refused user gets the token; on_start: run in the event loop before
-    the first request (serve.py bounds the worker threads there)."""
+    the cookie older det-locals set, expired at login); hint: how a refused user gets the
+    token; on_start: run in the event loop before the first request (serve.py bounds the
+    worker threads there)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -31,10 +31,10 @@ det-local, no data) is served without the token.
 from __future__ import annotations
 
 import hmac
+import html
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-import html
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -74,9 +74,9 @@ def host_name(header: str) -> str:
 
 
 class Guard:
-    """Answers 401 or 403 (one line of JSON; a browser's page: that line in a page) to what the module docstring does not let
-    through. loopback_only: the dashboard listens on the loopback (the Host check applies);
-    hint: how a refused user gets the token (one clause)."""
+    """Answers 401 or 403 (one line of JSON; a browser's page: that line in a page) to what
+    the module docstring does not let through. loopback_only: the dashboard listens on the
+    loopback (the Host check applies); hint: how a refused user gets the token (one clause)."""
 
     def __init__(
         self,
