@@ -192,12 +192,12 @@ class DashboardChild:
             try:
                 self.proc = await self._spawn()
             except OSError as err:
-                self.view.log(f"det-local: cannot start the dashboard: {err}")
+                self.view.log(f"cannot start the dashboard: {err}")
                 code: int | None = None
             else:
                 self.starts += 1
                 self.view.log(
-                    f"det-local: dashboard {self.proc.pid} on {self.settings.host}:"
+                    f"dashboard {self.proc.pid} on {self.settings.host}:"
                     f"{self.settings.port} (its output: {self.log_path})"
                 )
                 code = await self.proc.wait()
@@ -218,12 +218,12 @@ class DashboardChild:
         held = await asyncio.to_thread(held_by, port, host) if code else ""
         if held:
             return (
-                f"det-local: the dashboard cannot listen on {host}:{port}: {held}; stop that "
+                f"the dashboard cannot listen on {host}:{port}: {held}; stop that "
                 f"process (or set dashboard.port in {self.view.paths.settings} and restart the "
                 f"daemon); retrying in {delay:.0f}s"
             )
         return (
-            f"det-local: the dashboard exited ({code}); restarting in {delay:.0f}s "
+            f"the dashboard exited ({code}); restarting in {delay:.0f}s "
             f"(see {self.log_path})"
         )
 

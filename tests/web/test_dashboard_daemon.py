@@ -132,7 +132,7 @@ def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
         "--url` on this machine and open the address it prints (it ends ?token=...)"
     )
     r = dl.det("dashboard", "--url")
-    assert r.rc == 0 and r.out.strip() == f"http://localhost:{port}/?token={first}", r
+    assert r.rc == 0 and r.out.strip() == f"http://127.0.0.1:{port}/?token={first}", r
 
     os.kill(child.pid, signal.SIGKILL)
     wait_for(lambda: gone(child.pid), what="the dashboard to die")
