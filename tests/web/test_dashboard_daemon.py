@@ -250,3 +250,53 @@ def test_every_user_logs_in_and_sees_what_every_user_may_read(
         status, body = curl(user, f"{base}/api/trials/{ids['private'][1]}/logs", *auth)
         assert status == 403, body
         assert _json.loads(body)["error"].startswith(f"permission denied: cannot read {private}")
+
+
+SQUAT = (  # listen on argv[1] of 127.0.0.1 until killed
+    "import socket, sys, time\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1])))\n"
+    "s.listen()\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real Unix users need root")
+def test_a_squatted_port_names_its_holder(reachable: Env, accounts: None) -> None:
+    """Another user holds the dashboard's port (as while it restarts, issue 34): the daemon's
+    log line names the holder (pid, user, command) and what to do, `dashboard --url` will
+    not hand the login address to it, and once it is gone the dashboard serves again."""
+    from tests.support.users import B
+
+    dl = reachable
+    port = free_port()
+    pw = pwd.getpwnam(B)
+    argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
+    squat = subprocess.Popen([*argv, "/usr/bin/python3", "-c", SQUAT, str(port)], cwd="/")
+    try:
+        from det_local.web.portholder import listeners
+
+        wait_for(lambda: listeners(port), what="B to hold the port")
+        dl.daemon_start({"dashboard": {"port": port}})
+        log = dl.home / "run" / "daemon.log"
+        want = f"the dashboard cannot listen on 127.0.0.1:{port}: pid {squat.pid} of user {B} "
+
+        def line() -> str | None:
+            found = [x for x in log.read_text().splitlines() if want in x] if log.exists() else []
+            return found[0] if found else None
+
+        said = wait_for(line, timeout=30, what="the daemon to name the port's holder")
+        assert "(/usr/bin/python3 -c import socket, sys, time?s = socket.socket()" in said
+        assert "holds it; stop that process (or set dashboard.port in " in said, said
+        assert "and restart the daemon); retrying in " in said, said
+        r = dl.det("dashboard", "--url")
+        assert r.rc == 1 and "?token=" not in r.out + r.err, r
+        one_line_error(r, f"port 127.0.0.1:{port} is held by pid {squat.pid} of user {B}")
+        assert "login address is not printed" in r.err, r
+    finally:
+        squat.kill()
+        squat.wait()
+    wait_for(lambda: serving(dl, port), timeout=60, what="the dashboard to serve once freed")
+    r = dl.det("dashboard", "--url")
+    assert r.rc == 0 and r.out.strip() == f"http://127.0.0.1:{port}/?token={token(dl)}", r
