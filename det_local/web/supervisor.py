@@ -222,10 +222,7 @@ class DashboardChild:
                 f"process (or set dashboard.port in {self.view.paths.settings} and restart the "
                 f"daemon); retrying in {delay:.0f}s"
             )
-        return (
-            f"the dashboard exited ({code}); restarting in {delay:.0f}s "
-            f"(see {self.log_path})"
-        )
+        return f"the dashboard exited ({code}); restarting in {delay:.0f}s (see {self.log_path})"
 
     async def stop(self) -> None:
         self.stopping = True
