@@ -312,10 +312,6 @@ def test_token_on_every_request_off_loopback(
     status, headers, body = asgi_get(app, "/experiments/1", html, auth=False)
     assert status == 401 and b"needs its access token (no access token)" in body
     assert b'data-mode="retry"' in body and b"digits" not in body
-    # what the login page needs is served without the token (code shipped with det-local)
-    for public in ("/sw.js", "/static/login.js", "/static/dashboard.css"):
-        assert asgi_get(app, public, host, auth=False)[0] == 200, public
-    assert asgi_get(app, "/static/dashboard.js", host, auth=False)[0] == 401
     # /api/ with ?token= answers at once (a script's one request), and sets no cookie
     status, headers, _ = asgi_get(app, f"/api/jobs?token={TOKEN}", host, auth=False)
     assert status == 200 and "set-cookie" not in headers
@@ -327,6 +323,12 @@ def test_loopback_needs_the_token_too(server: Server) -> None:
     status, body, _ = server.get("/", auth=False)
     assert status == 401 and "needs its access token" in json.loads(body)["error"]
     assert server.get("/api/jobs")[0] == 200
+    # what the login page needs is served without the token (code shipped with det-local)
+    for public in ("/sw.js", "/static/login.js", "/static/dashboard.css"):
+        assert server.get(public, auth=False)[0] == 200, public
+    status, _, headers = server.get("/sw.js", auth=False)
+    assert headers["content-type"].startswith("text/javascript")
+    assert server.get("/static/dashboard.js", auth=False)[0] == 401
 
 
 def test_loopback_answers_only_loopback_hosts(server: Server) -> None:
