@@ -290,6 +290,9 @@ def test_a_squatted_port_names_its_holder(reachable: Env, accounts: None) -> Non
         assert "(/usr/bin/python3 -c import socket, sys, time?s = socket.socket()" in said
         assert "holds it; stop that process (or set dashboard.port in " in said, said
         assert "and restart the daemon); retrying in " in said, said
+        # the dashboard's own one-line error (its log; `det-local dashboard` at a terminal)
+        child = dl.paths.dashboard_log.read_text()
+        assert f"Address already in use (pid {squat.pid} of user {B} (" in child, child
         r = dl.det("dashboard", "--url")
         assert r.rc == 1 and "?token=" not in r.out + r.err, r
         one_line_error(r, f"port 127.0.0.1:{port} is held by pid {squat.pid} of user {B}")
