@@ -42,6 +42,17 @@ class Holder:
     def user(self) -> str:
         return user_name(self.uid)
 
+    def collides(self, host: str) -> bool:
+        """Whether this socket may be what a browser reaches at host:port (same address,
+        either a wildcard, or host a name such as localhost, which may resolve to any)."""
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return True
+        return self.listener.address == host.strip("[]") or any(
+            _unspecified(a) for a in (self.listener.address, host)
+        )
+
     def describe(self) -> str:
         """ "pid 1234 of user bob (python3 -m http.server 8080)" or "a process of user bob
         (its pid is not readable here)"."""
@@ -57,6 +68,13 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+def _unspecified(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_unspecified
+    except ValueError:  # a name: not a wildcard
+        return False
 
 
 def _address(hexed: str) -> str:
@@ -135,8 +153,7 @@ def holders(port: int, host: str | None = None) -> list[Holder]:
     def rank(item: Listener) -> int:
         if host is None:
             return 0
-        same = item.address == host or ipaddress.ip_address(item.address).is_unspecified
-        return 0 if same else 1
+        return 0 if item.address == host or _unspecified(item.address) else 1
 
     found = sorted(listeners(port), key=rank)
     out = []

@@ -60,7 +60,7 @@ def check_holder(host: str, port: int, token_file: Path) -> None:
     except OSError:
         return
     for holder in holders(port, host):
-        if holder.listener.uid != owner:
+        if holder.listener.uid != owner and holder.collides(host):
             raise DetLocalError(
                 f"the daemon's dashboard port {host}:{port} is held by {holder.describe()}, "
                 f"not by the dashboard (whose socket is {user_name(owner)}'s): its login "

@@ -303,3 +303,34 @@ def test_a_squatted_port_names_its_holder(reachable: Env, accounts: None) -> Non
     wait_for(lambda: serving(dl, port), timeout=60, what="the dashboard to serve once freed")
     r = dl.det("dashboard", "--url")
     assert r.rc == 0 and r.out.strip() == f"http://127.0.0.1:{port}/?token={token(dl)}", r
+
+
+def test_port_holders_from_proc() -> None:
+    """web/portholder.py reads /proc/net/tcp and tcp6 (addresses in the kernel's word order)
+    and finds the process by its descriptors; only a socket a browser may reach at host:port
+    counts against the daemon's dashboard."""
+    import socket
+
+    from det_local.web.portholder import held_by, holders
+
+    v4 = socket.socket()
+    v4.bind(("127.0.0.1", 0))
+    v4.listen()
+    port = v4.getsockname()[1]
+    v6 = socket.socket(socket.AF_INET6)
+    try:
+        v6.bind(("::1", port))
+        v6.listen()
+        found = holders(port, "::1")
+        assert [h.listener.address for h in found] == ["::1", "127.0.0.1"], found
+        assert {h.pid for h in found} == {os.getpid()}
+        assert all("python" in h.command and "\n" not in h.command for h in found)
+        assert [h.collides("127.0.0.1") for h in found] == [False, True]
+        assert all(h.collides("0.0.0.0") and h.collides("localhost") for h in found)
+        me = pwd.getpwuid(os.getuid()).pw_name
+        assert held_by(port, "127.0.0.1").startswith(f"pid {os.getpid()} of user {me} (")
+        assert held_by(port, "127.0.0.1").endswith(" and 1 more holds it")
+    finally:
+        v6.close()
+        v4.close()
+    assert held_by(port) == ""
