@@ -101,7 +101,8 @@ def main() -> None:
         }
         det(env, "run", str(EXAMPLE / "adaptive.yaml"), str(EXAMPLE))
         with dashboard(env) as (base, token), chromium_page(1280, 860) as page:
-            page.goto(f"{base}/experiments/1?token={token}")  # logs in: cookie, redirect
+            page.goto(f"{base}/experiments/1?token={token}")  # the login page (web/guard.py)
+            page.wait_for_url(lambda url: "token=" not in url, wait_until="load")
             until(page, "window.detCharts && window.detCharts.size > 0")
             page.locator("#charts").scroll_into_view_if_needed()
             page.evaluate("window.scrollBy(0, -240)")  # the trials table's end, then charts

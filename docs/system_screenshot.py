@@ -55,7 +55,8 @@ def main() -> None:
         try:
             det(env, "run", str(EXAMPLE / "const.yaml"), str(EXAMPLE))
             with dashboard(env) as (base, token), chromium_page(1240, 900) as page:
-                page.goto(f"{base}/trials/1?token={token}")  # logs in: cookie, redirect
+                page.goto(f"{base}/trials/1?token={token}")  # the login page (web/guard.py)
+                page.wait_for_url(lambda url: "token=" not in url, wait_until="load")
                 until(page, "window.detSystemCharts && window.detSystemCharts.size >= 4")
                 page.locator("#system-charts").screenshot(
                     path=str(ROOT / "docs" / "system-metrics.png")

@@ -3,12 +3,15 @@ same `det_local.api` functions the CLI's --json uses. A separate process; it rea
 read-only and the trials' log files, with or without a daemon running.
 
 Starlette and uvicorn come with the optional extra `det-local[web]`; nothing here is imported
-by the rest of det-local but `supervisor` (which imports neither: the daemon runs the dashboard
-through it). Modules: `app` (the application and its routes' table), `guard` (the access
-token on every request, and the loopback Host check), `pool` (the SQLite handles), `jsonapi`
-(/api/), `pages` and `html` (the server-rendered pages), `cluster` and `commands` (those pages
-and their /api/ routes), `live` (server-sent events, bounded), `serve` (the process),
-`supervisor` (daemon.yaml's `dashboard:`, the daemon's child, its token file).
+by the rest of det-local but `supervisor` and `portholder` (which import neither: the daemon
+runs the dashboard through the first). Modules: `app` (the application and its routes'
+table), `guard` (the access token on every request, and the loopback Host check), `pool` (the
+SQLite handles), `jsonapi` (/api/), `pages` and `html` (the server-rendered pages), `cluster`
+and `commands` (those pages and their /api/ routes), `live` (server-sent events, bounded),
+`serve` (the process), `supervisor` (daemon.yaml's `dashboard:`, the daemon's child, its token
+file), `portholder` (who holds a port: the supervisor's line when another process has the
+dashboard's), and `static/sw.js` + `static/login.js` (the browser's login: the token kept for
+the dashboard's origin, sent as a header by a service worker).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from det_local.web import (
@@ -60,6 +60,18 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def service_worker(request: Request) -> Response:
+    """/sw.js: the service worker that carries the login (guard.py), served at the root so
+    that its scope is the whole origin."""
+    from starlette.responses import FileResponse
+
+    return FileResponse(
+        STATIC_DIR / "sw.js",
+        media_type="text/javascript",
+        headers={"cache-control": "no-cache"},
+    )
+
+
 async def _not_found(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     if status == 405:
@@ -78,9 +90,10 @@ def create_app(
     on_start: Callable[[], None] | None = None,
 ) -> App:
     """The ASGI application: every request must carry `token` (guard.py); loopback_only: only
-    requests to a loopback Host name are answered; port: the one it listens on (its cookie's
-    name); hint: how a refused user gets the token; on_start: run in the event loop before
-    the first request (serve.py bounds the worker threads there)."""
+    requests to a loopback Host name are answered; port: the one it listens on (the name of
+    the cookie older det-locals set, expired at login); hint: how a refused user gets the
+    token; on_start: run in the event loop before the first request (serve.py bounds the
+    worker threads there)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -101,6 +114,7 @@ def create_app(
             *models.ROUTES,
             *jsonapi.routes(),
             *pages.ROUTES,
+            Route("/sw.js", service_worker),
             Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
         ],
         exception_handlers={404: _not_found, 405: _not_found},

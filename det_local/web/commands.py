@@ -6,11 +6,18 @@ that is not a trial), as `det-local cmd list --json` gives them (`clusterviews.c
 
 A notebook's or TensorBoard's link is its address without a token: the dashboard has no user
 authentication, and a notebook's token is printed only to its owner (by `det-local notebook
-start`); the dashboard never has it (it is in the job's private environment)."""
+start`); the dashboard never has it (it is in the job's private environment).
+
+Such a server is whatever its owner runs (a TensorBoard is the binary the owner's PATH names):
+another user's, hostile to whoever clicks. Its link opens in a new tab with rel="noopener
+noreferrer" (no handle on the dashboard's tab, no Referer); it is on another port, so another
+origin than the dashboard's, whose login lives in that origin's storage (web/guard.py); an
+address on the dashboard's own port is shown as text, never linked."""
 
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,11 +38,20 @@ def commands_api(request: Request) -> Response:
     return json_response(clusterviews.commands_json(include_done=query_flag(request, "all")))
 
 
-def _link(c: dict[str, object]) -> Html:
+def _port(url: str) -> int | None:
+    try:
+        return urlsplit(url).port
+    except ValueError:  # not a port number (out of range): no origin of this dashboard's
+        return None
+
+
+def _link(c: dict[str, object], own_port: int | None) -> Html:
     url = c.get("link")
     if not isinstance(url, str):
         return Html("")
-    parts = [link(url, url)]
+    if _port(url) == own_port:  # the dashboard's own origin: never a link to follow
+        return join([url, tag("span", " (this dashboard's own port: not linked)", class_="muted")])
+    parts = [tag("a", url, href=url, target="_blank", rel="noopener noreferrer")]
     if c["kind"] == NOTEBOOK:
         parts.append(tag("span", TOKEN_NOTE, class_="muted"))
     return join(parts, " ")
@@ -63,7 +79,7 @@ def commands_page(request: Request) -> Response:
             fmt_time(c["started_at"]),
             fmt_time(c["ended_at"]),
             duration(c["started_at"], c["ended_at"] or now) if c["started_at"] else "",
-            _link(c),
+            _link(c, request.url.port),
         ]
         for c in listed
     ]

@@ -5,27 +5,38 @@ machine can reach a loopback port as well as its owner can). The token is made f
 start and shown only to whoever started the dashboard (its terminal; the daemon's dashboard:
 a file, docs/system-mode.md "Dashboard"). A request offers it as
 
-- the header `Authorization: Bearer TOKEN` or `X-Det-Local-Token: TOKEN` (scripts, curl);
-- the query `?token=TOKEN`: the login address. A page asked for this way answers with an
-  HttpOnly, SameSite=Strict cookie holding the token and a redirect to the same address
-  without it (so the token leaves the address bar and the history); an /api/ route answers
-  at once (with the cookie too);
-- that cookie (named after the port: two dashboards of one host keep theirs apart).
+- the header `Authorization: Bearer TOKEN` or `X-Det-Local-Token: TOKEN` (scripts, curl; the
+  browser's service worker sends the latter);
+- the query `?token=TOKEN`: the login address. A page asked for this way answers with the
+  login page (`LOGIN_PAGE`: no data, one script, static/login.js), which keeps the token in
+  this origin's Cache Storage and registers the service worker static/sw.js (served as /sw.js)
+  that adds the header to this origin's own requests, then opens the address without the
+  token; an /api/ route answers at once (a script's one request).
 
-Compared in constant time. Without it: 401 and one line. On a loopback bind, requests whose
-Host header names anything but the loopback are refused first (403: a web page elsewhere cannot
-reach the port through DNS rebinding).
+No cookie carries it: a browser sends a host's cookies to every port of that host, so any
+local user's server on another 127.0.0.1 port (a TensorBoard, a notebook, a page squatting
+this port while it restarts) would receive it and could replay it. Cache Storage and service
+workers are kept apart by origin (scheme, host and port), and the worker adds the token only
+to requests for its own origin. A cookie of an older det-local (`det_local_token_<port>`) is
+not accepted, and the login page expires it.
+
+Compared in constant time. Without it: 401 and one line (a page asked for by a browser: the
+same line in a page that runs static/login.js, which retries once through the worker after a
+reload that bypassed it). On a loopback bind, requests whose Host header names anything but
+the loopback are refused first (403: a web page elsewhere cannot reach the port through DNS
+rebinding). `PUBLIC` (the worker, the login script, the style sheet: code shipped with
+det-local, no data) is served without the token.
 """
 
 from __future__ import annotations
 
 import hmac
+import html
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -33,13 +44,15 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-COOKIE = "det_local_token"
+COOKIE = "det_local_token"  # older det-locals' cookie (expired by the login page)
+HEADER = "x-det-local-token"
+PUBLIC = frozenset({"/sw.js", "/static/login.js", "/static/dashboard.css"})
 LOOPBACK_NAMES = ("localhost", "localhost.")
 STANDALONE_HINT = "open the address `det-local dashboard` printed at start (it ends ?token=...)"
 
 
 def cookie_name(port: int | None) -> str:
-    """The cookie of the dashboard on `port` (cookies are not kept apart by port)."""
+    """The cookie older det-locals set for the dashboard on `port` (expired at login)."""
     return f"{COOKIE}_{port}" if port else COOKIE
 
 
@@ -61,9 +74,9 @@ def host_name(header: str) -> str:
 
 
 class Guard:
-    """Answers 401 or 403 (one line of JSON) to what the module docstring does not let
-    through. loopback_only: the dashboard listens on the loopback (the Host check applies);
-    hint: how a refused user gets the token (one clause)."""
+    """Answers 401 or 403 (one line of JSON; a browser's page: that line in a page) to what
+    the module docstring does not let through. loopback_only: the dashboard listens on the
+    loopback (the Host check applies); hint: how a refused user gets the token (one clause)."""
 
     def __init__(
         self,
@@ -93,74 +106,71 @@ class Guard:
         if self.loopback_only and not is_loopback(host_name(headers.get("host", ""))):
             await deny(send, 403, "this dashboard answers only requests to localhost")
             return
+        if scope["path"] in PUBLIC and scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         from_query = next((v for k, v in query if k == "token"), "")
-        offered = [
-            headers.get("x-det-local-token", ""),
-            _bearer(headers.get("authorization", "")),
-            _cookie(headers.get("cookie", ""), self.cookie),
-        ]
+        offered = [headers.get(HEADER, ""), _bearer(headers.get("authorization", ""))]
         if self.valid(from_query):
             if scope["path"].startswith("/api/"):
-                await self.app(scope, receive, self._setting_cookie(send))
+                await self.app(scope, receive, send)
                 return
-            rest = urlencode([(k, v) for k, v in query if k != "token"])
-            await self._login(send, clean_path(scope["path"]) + (f"?{rest}" if rest else ""))
+            await self._login(send)
             return
         if not any(self.valid(o) for o in offered):
             why = "a wrong access token" if (from_query or any(offered)) else "no access token"
-            await deny(send, 401, f"this dashboard needs its access token ({why}): {self.hint}")
+            line = f"this dashboard needs its access token ({why}): {self.hint}"
+            if "text/html" in headers.get("accept", ""):  # a browser's page: it may retry
+                await shell(send, 401, line, mode="retry")
+                return
+            await deny(send, 401, line)
             return
         await self.app(scope, receive, send)
 
-    def _cookie_header(self) -> tuple[bytes, bytes]:
-        value = f"{self.cookie}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict"
-        return (b"set-cookie", value.encode())
-
-    def _setting_cookie(self, send: Send) -> Send:
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), self._cookie_header()]
-            await send(message)
-
-        return wrapped
-
-    async def _login(self, send: Send, clean: str) -> None:
-        """The login address: the cookie, and a redirect to the address without the token."""
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 303,
-                "headers": [
-                    (b"location", clean.encode("latin-1", errors="replace")),
-                    (b"content-length", b"0"),
-                    (b"cache-control", b"no-store"),
-                    self._cookie_header(),
-                ],
-            }
+    async def _login(self, send: Send) -> None:
+        """The login address: the login page (login.js keeps the token and opens the address
+        without it); older det-locals' cookie expired."""
+        expire = tuple(
+            (b"set-cookie", f"{name}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict".encode())
+            for name in dict.fromkeys((self.cookie, COOKIE))
         )
-        await send({"type": "http.response.body", "body": b""})
+        await shell(send, 200, "logging in...", mode="store", extra=expire)
 
 
-def clean_path(path: str) -> str:
-    """A path to redirect to on this host only ("//elsewhere" or "/\\elsewhere" would leave
-    it), percent-encoded again."""
-    return "/" + quote(path.lstrip("/\\"), safe="/:@!$&'()*+,;=-._~")
+LOGIN_PAGE = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+    '<link rel="icon" href="data:,"><title>det-local dashboard</title>'
+    '<link rel="stylesheet" href="/static/dashboard.css">'
+    '<script src="/static/login.js" defer></script></head>'
+    '<body><main id="login" data-mode="{mode}"><p id="login-status">{line}</p></main></body></html>'
+)
+
+
+async def shell(
+    send: Send, status: int, line: str, *, mode: str, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """A page with no data but `line` and static/login.js (mode "store": keep the token of
+    the address; "retry": a refused page, retried once through the service worker)."""
+    body = LOGIN_PAGE.format(mode=mode, line=html.escape(line)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _bearer(value: str) -> str:
     scheme, _, rest = value.partition(" ")
     return rest.strip() if scheme.lower() == "bearer" else ""
-
-
-def _cookie(value: str, name: str) -> str:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(value)
-    except Exception:  # a malformed Cookie header: no token in it
-        return ""
-    morsel = jar.get(name)
-    return morsel.value if morsel else ""
 
 
 async def deny(send: Send, status: int, message: str) -> None:

@@ -44,8 +44,29 @@ def daemon_address(paths: Paths) -> str:
         ) from None
     except OSError as err:
         raise DetLocalError(f"cannot read the dashboard's token {path}: {err.strerror}") from None
-    host = "localhost" if settings.host in ("127.0.0.1", "::1") else settings.host
-    return address(host, settings.port, token)
+    check_holder(settings.host, settings.port, path)
+    return address(settings.host, settings.port, token)
+
+
+def check_holder(host: str, port: int, token_file: Path) -> None:
+    """DetLocalError when another user's process listens on the daemon dashboard's port (one
+    squatting it while the dashboard restarts): the login address would hand it the token.
+    The dashboard's socket is made by the daemon's user (root binds it before switching), the
+    owner of the token file."""
+    from det_local.web.portholder import holders, user_name
+
+    try:
+        owner = token_file.stat().st_uid
+    except OSError:
+        return
+    for holder in holders(port, host):
+        if holder.listener.uid != owner and holder.collides(host):
+            raise DetLocalError(
+                f"the daemon's dashboard port {host}:{port} is held by {holder.describe()}, "
+                f"not by the dashboard (whose socket is {user_name(owner)}'s): its login "
+                "address is not printed (it would hand that process the token); tell the "
+                "daemon's admin (the daemon's log names the holder)"
+            )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -58,9 +79,13 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
+        from det_local.web.portholder import held_by
+
+        held = held_by(port, host) if port else ""
         raise DetLocalError(
-            f"the dashboard cannot listen on {host}:{port}: {err.strerror}; "
-            "choose another with --port (or --host)"
+            f"the dashboard cannot listen on {host}:{port}: {err.strerror}"
+            + (f" ({held})" if held else "")
+            + "; choose another with --port (or --host)"
         ) from None
     sock.listen(BACKLOG)
     return sock
@@ -184,14 +209,14 @@ def serve(
     else:
         print(f"det-local dashboard of {home.home}: {address(host, port, token)}", flush=True)
         print(
-            "  open the address above (it sets a cookie); scripts send the header "
-            "'Authorization: Bearer TOKEN'",
+            "  open the address above (the browser keeps the token for this address alone); "
+            "scripts send the header 'Authorization: Bearer TOKEN'",
             flush=True,
         )
     if is_loopback(host):
         print(
             f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, "
-            f"then open the address with localhost:{port}",
+            "then open the address above there, as it is",
             flush=True,
         )
     if user is not None:

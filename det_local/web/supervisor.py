@@ -12,9 +12,11 @@ dashboard:
 ```
 
 The child is restarted with a growing delay (1 s, doubling to 60 s; back to 1 s after it ran
-a minute) when it exits; it is stopped with the daemon, and it exits by itself when the daemon
-dies (even by kill -9): it holds the read end of a pipe whose write end only the daemon has
-(`det-local dashboard --exit-with-fd`). Its output goes to DET_LOCAL_HOME/run/dashboard.log.
+a minute) when it exits (when another process holds its port, the daemon's log line names it:
+pid, user, command, web/portholder.py, and what to do); it is stopped with the daemon, and it
+exits by itself when the daemon dies (even by kill -9): it holds the read end of a pipe whose
+write end only the daemon has (`det-local dashboard --exit-with-fd`). Its output goes to
+DET_LOCAL_HOME/run/dashboard.log.
 
 Every request carries an access token (web/guard.py), made fresh at each start of the child
 and written by the daemon to DET_LOCAL_HOME/run/dashboard.token (`write_token`), which the child
@@ -190,12 +192,12 @@ class DashboardChild:
             try:
                 self.proc = await self._spawn()
             except OSError as err:
-                self.view.log(f"det-local: cannot start the dashboard: {err}")
+                self.view.log(f"cannot start the dashboard: {err}")
                 code: int | None = None
             else:
                 self.starts += 1
                 self.view.log(
-                    f"det-local: dashboard {self.proc.pid} on {self.settings.host}:"
+                    f"dashboard {self.proc.pid} on {self.settings.host}:"
                     f"{self.settings.port} (its output: {self.log_path})"
                 )
                 code = await self.proc.wait()
@@ -203,12 +205,24 @@ class DashboardChild:
                 return
             if time.monotonic() - began >= STEADY_S:
                 delay = FIRST_DELAY_S
-            self.view.log(
-                f"det-local: the dashboard exited ({code}); restarting in {delay:.0f}s "
-                f"(see {self.log_path})"
-            )
+            self.view.log(await self._exited(code, delay))
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
+
+    async def _exited(self, code: int | None, delay: float) -> str:
+        """The line saying the child ended: when another process listens on the dashboard's
+        port, who (pid, user, command) and what to do (read off the loop: /proc)."""
+        from det_local.web.portholder import held_by
+
+        host, port = self.settings.host, self.settings.port
+        held = await asyncio.to_thread(held_by, port, host) if code else ""
+        if held:
+            return (
+                f"the dashboard cannot listen on {host}:{port}: {held}; stop that "
+                f"process (or set dashboard.port in {self.view.paths.settings} and restart the "
+                f"daemon); retrying in {delay:.0f}s"
+            )
+        return f"the dashboard exited ({code}); restarting in {delay:.0f}s (see {self.log_path})"
 
     async def stop(self) -> None:
         self.stopping = True

@@ -2,7 +2,8 @@
 module), a `det-local dashboard` process serving it, and HTTP helpers (urllib: real sockets on
 the loopback). Every request to the dashboard needs its access token: `Server` reads the one the
 dashboard printed and sends it (Authorization: Bearer), `Server.open` logs a browser page in
-with the login address (?token=, a cookie, a redirect); in-process requests (`asgi_get`) go to
+with the login address (?token=: the login page keeps it for the dashboard's origin and its
+service worker sends it as a header, web/guard.py); in-process requests (`asgi_get`) go to
 an application made with `TOKEN`."""
 
 from __future__ import annotations
@@ -172,10 +173,11 @@ class Server:
         return f"{self.base}{path}{'&' if '?' in path else '?'}token={self.token}"
 
     def open(self, page: Any, path: str = "/") -> None:
-        """A browser page goes to `path` through the login address: the dashboard sets its
-        cookie and redirects to the address without the token."""
+        """A browser page goes to `path` through the login address: the login page keeps the
+        token (this origin's storage, its service worker) and opens the address without it."""
         page.goto(self.login_url(path))
-        assert "token=" not in page.url and page.url.startswith(self.base), page.url
+        page.wait_for_url(lambda url: "token=" not in url, wait_until="load")
+        assert page.url.startswith(self.base), page.url
 
 
 def printed_token(out: Path) -> str:

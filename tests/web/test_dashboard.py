@@ -293,26 +293,28 @@ def test_token_on_every_request_off_loopback(
         status, _, body = asgi_get(app, "/api/experiments", {**host, **wrong}, auth=False)
         assert status == 401 and "(a wrong access token)" in json.loads(body)["error"]
     assert asgi_get(app, "/api/experiments?token=nope", host, auth=False)[0] == 401
-    other_port = {"cookie": f"det_local_token_8081={TOKEN}"}  # another dashboard's cookie
-    assert asgi_get(app, "/api/experiments", {**host, **other_port}, auth=False)[0] == 401
-    for right in (
-        {"authorization": f"Bearer {TOKEN}"},
-        {"x-det-local-token": TOKEN},
-        {"cookie": f"det_local_token_8080={TOKEN}"},
-    ):
+    # a cookie is no credential (a browser sends it to every port of the host: issue 34)
+    for cookie in (f"det_local_token_8080={TOKEN}", f"det_local_token={TOKEN}"):
+        status, _, body = asgi_get(app, "/api/experiments", {**host, "cookie": cookie}, auth=False)
+        assert status == 401 and "(no access token)" in json.loads(body)["error"]
+    for right in ({"authorization": f"Bearer {TOKEN}"}, {"x-det-local-token": TOKEN}):
         status, _, body = asgi_get(app, "/api/experiments", {**host, **right}, auth=False)
         assert status == 200 and json.loads(body)[0]["id"] == exp_id
-    # the login address: the cookie, then a redirect to the same address without the token
+    # the login address: a page with no data but the login script; no credential cookie (an
+    # older det-local's is expired)
     status, headers, body = asgi_get(app, f"/?label=digits&token={TOKEN}", host, auth=False)
-    assert status == 303 and headers["location"] == "/?label=digits" and body == b""
+    assert status == 200 and b'src="/static/login.js"' in body and b'data-mode="store"' in body
+    assert headers["cache-control"] == "no-store" and TOKEN.encode() not in body
     cookie = headers["set-cookie"]
-    assert cookie.startswith(f"det_local_token_8080={TOKEN};"), cookie
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
-    status, headers, _ = asgi_get(app, f"//evil.example/x?token={TOKEN}", host, auth=False)
-    assert status == 303 and headers["location"] == "/evil.example/x"  # stays on this host
-    # /api/ with ?token= answers at once (a script's one request), setting the cookie too
+    assert cookie.startswith("det_local_token") and "=; Max-Age=0;" in cookie, cookie
+    # a browser's page without the token: the one line in a page that may retry the login
+    html = {**host, "accept": "text/html,application/xhtml+xml"}
+    status, headers, body = asgi_get(app, "/experiments/1", html, auth=False)
+    assert status == 401 and b"needs its access token (no access token)" in body
+    assert b'data-mode="retry"' in body and b"digits" not in body
+    # /api/ with ?token= answers at once (a script's one request), and sets no cookie
     status, headers, _ = asgi_get(app, f"/api/jobs?token={TOKEN}", host, auth=False)
-    assert status == 200 and "HttpOnly" in headers["set-cookie"]
+    assert status == 200 and "set-cookie" not in headers
 
 
 def test_loopback_needs_the_token_too(server: Server) -> None:
@@ -321,6 +323,12 @@ def test_loopback_needs_the_token_too(server: Server) -> None:
     status, body, _ = server.get("/", auth=False)
     assert status == 401 and "needs its access token" in json.loads(body)["error"]
     assert server.get("/api/jobs")[0] == 200
+    # what the login page needs is served without the token (code shipped with det-local)
+    for public in ("/sw.js", "/static/login.js", "/static/dashboard.css"):
+        assert server.get(public, auth=False)[0] == 200, public
+    status, _, headers = server.get("/sw.js", auth=False)
+    assert headers["content-type"].startswith("text/javascript")
+    assert server.get("/static/dashboard.js", auth=False)[0] == 401
 
 
 def test_loopback_answers_only_loopback_hosts(server: Server) -> None:

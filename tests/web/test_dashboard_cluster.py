@@ -109,6 +109,8 @@ def test_commands_page_and_api_show_links_but_no_token(dl: Env) -> None:
     status, page = get("/commands")
     assert status == 200
     assert 'href="http://127.0.0.1:18888/lab"' in page and "det-local notebook start" in page
+    # another user's server: a new tab with no handle on the dashboard's, no Referer (issue 34)
+    assert '<a href="http://127.0.0.1:18888/lab" target="_blank" rel="noopener noreferrer">' in page
     for text in (body, page, json.dumps(cli_rows)):
         assert NOTEBOOK_SECRET not in text and ARGV_SECRET not in text
     dl.det("cmd", "kill", job)
@@ -116,6 +118,18 @@ def test_commands_page_and_api_show_links_but_no_token(dl: Env) -> None:
     assert json.loads(get("/api/commands")[1]) == []
     (ended,) = json.loads(get("/api/commands?all=1")[1])
     assert ended["link"] is None  # no address once it has ended
+
+
+def test_a_server_on_the_dashboards_own_port_is_not_linked() -> None:
+    """A command whose address is the dashboard's own port (its owner squatting it while the
+    dashboard restarts) is shown as text: no link into the dashboard's origin (issue 34)."""
+    from det_local.web.commands import _link
+
+    row: dict[str, object] = {"link": "http://127.0.0.1:8080/", "kind": "TENSORBOARD"}
+    shown = _link(row, 8080)
+    assert "<a" not in shown and "not linked" in shown
+    assert 'rel="noopener noreferrer"' in _link(row, 9090)
+    assert "<a" in _link({**row, "link": "http://127.0.0.1:99999/"}, 8080)  # no such port
 
 
 # ---------------------------------------------------------------------------- slots

@@ -132,7 +132,7 @@ def test_daemon_runs_restarts_and_stops_its_dashboard(reachable: Env) -> None:
         "--url` on this machine and open the address it prints (it ends ?token=...)"
     )
     r = dl.det("dashboard", "--url")
-    assert r.rc == 0 and r.out.strip() == f"http://localhost:{port}/?token={first}", r
+    assert r.rc == 0 and r.out.strip() == f"http://127.0.0.1:{port}/?token={first}", r
 
     os.kill(child.pid, signal.SIGKILL)
     wait_for(lambda: gone(child.pid), what="the dashboard to die")
@@ -250,3 +250,87 @@ def test_every_user_logs_in_and_sees_what_every_user_may_read(
         status, body = curl(user, f"{base}/api/trials/{ids['private'][1]}/logs", *auth)
         assert status == 403, body
         assert _json.loads(body)["error"].startswith(f"permission denied: cannot read {private}")
+
+
+SQUAT = (  # listen on argv[1] of 127.0.0.1 until killed
+    "import socket, sys, time\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1])))\n"
+    "s.listen()\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real Unix users need root")
+def test_a_squatted_port_names_its_holder(reachable: Env, accounts: None) -> None:
+    """Another user holds the dashboard's port (as while it restarts, issue 34): the daemon's
+    log line names the holder (pid, user, command) and what to do, `dashboard --url` will
+    not hand the login address to it, and once it is gone the dashboard serves again."""
+    from tests.support.users import B
+
+    dl = reachable
+    port = free_port()
+    pw = pwd.getpwnam(B)
+    argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
+    squat = subprocess.Popen([*argv, "/usr/bin/python3", "-c", SQUAT, str(port)], cwd="/")
+    try:
+        from det_local.web.portholder import listeners
+
+        wait_for(lambda: listeners(port), what="B to hold the port")
+        dl.daemon_start({"dashboard": {"port": port}})
+        log = dl.home / "run" / "daemon.log"
+        want = f"the dashboard cannot listen on 127.0.0.1:{port}: pid {squat.pid} of user {B} "
+
+        def line() -> str | None:
+            found = [x for x in log.read_text().splitlines() if want in x] if log.exists() else []
+            return found[0] if found else None
+
+        said = wait_for(line, timeout=30, what="the daemon to name the port's holder")
+        assert "(/usr/bin/python3 -c import socket, sys, time?s = socket.socket()" in said
+        assert "holds it; stop that process (or set dashboard.port in " in said, said
+        assert "and restart the daemon); retrying in " in said, said
+        # the dashboard's own one-line error (its log; `det-local dashboard` at a terminal)
+        child = dl.paths.dashboard_log.read_text()
+        assert f"Address already in use (pid {squat.pid} of user {B} (" in child, child
+        r = dl.det("dashboard", "--url")
+        assert r.rc == 1 and "?token=" not in r.out + r.err, r
+        one_line_error(r, f"port 127.0.0.1:{port} is held by pid {squat.pid} of user {B}")
+        assert "login address is not printed" in r.err, r
+    finally:
+        squat.kill()
+        squat.wait()
+    wait_for(lambda: serving(dl, port), timeout=60, what="the dashboard to serve once freed")
+    r = dl.det("dashboard", "--url")
+    assert r.rc == 0 and r.out.strip() == f"http://127.0.0.1:{port}/?token={token(dl)}", r
+
+
+def test_port_holders_from_proc() -> None:
+    """web/portholder.py reads /proc/net/tcp and tcp6 (addresses in the kernel's word order)
+    and finds the process by its descriptors; only a socket a browser may reach at host:port
+    counts against the daemon's dashboard."""
+    import socket
+
+    from det_local.web.portholder import held_by, holders
+
+    v4 = socket.socket()
+    v4.bind(("127.0.0.1", 0))
+    v4.listen()
+    port = v4.getsockname()[1]
+    v6 = socket.socket(socket.AF_INET6)
+    try:
+        v6.bind(("::1", port))
+        v6.listen()
+        found = holders(port, "::1")
+        assert [h.listener.address for h in found] == ["::1", "127.0.0.1"], found
+        assert {h.pid for h in found} == {os.getpid()}
+        assert all("python" in h.command and "\n" not in h.command for h in found)
+        assert [h.collides("127.0.0.1") for h in found] == [False, True]
+        assert all(h.collides("0.0.0.0") and h.collides("localhost") for h in found)
+        me = pwd.getpwuid(os.getuid()).pw_name
+        assert held_by(port, "127.0.0.1").startswith(f"pid {os.getpid()} of user {me} (")
+        assert held_by(port, "127.0.0.1").endswith(" and 1 more holds it")
+    finally:
+        v6.close()
+        v4.close()
+    assert held_by(port) == ""

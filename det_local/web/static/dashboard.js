@@ -462,6 +462,7 @@ async function trialPage() {
   }
   search.addEventListener("input", refilter);
   rankSel.addEventListener("change", refilter);
+  saveRaw(document.getElementById("log-raw"));
 
   await refreshMetrics();
   const first = await getJSON(`/api/trials/${id}/logs`);
@@ -477,6 +478,29 @@ async function trialPage() {
     refreshMetrics().catch(fail);
   });
   source.onerror = () => { if (source.readyState === EventSource.CLOSED) status.textContent = "disconnected"; };
+}
+
+// A download link of this origin: fetched here (the service worker adds the login header,
+// web/guard.py; a browser's own download would go without it), then saved from memory.
+function saveRaw(a) {
+  if (!a) return;
+  a.addEventListener("click", async (e) => {
+    e.preventDefault();
+    try {
+      const r = await fetch(a.href, {credentials: "same-origin"});
+      if (!r.ok) throw new Error((await r.json()).error || r.statusText);
+      const named = /filename="([^"]+)"/.exec(r.headers.get("content-disposition") || "");
+      const save = el("a");
+      save.href = URL.createObjectURL(await r.blob());
+      save.download = named ? named[1] : "trial.log";
+      document.body.appendChild(save);
+      save.click();
+      save.remove();
+      setTimeout(() => URL.revokeObjectURL(save.href), 60000);
+    } catch (err) {
+      fail(err);
+    }
+  });
 }
 
 function fail(err) {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,3 +137,34 @@ def test_the_digits_core_example_in_chromium(world: World, server: Server, brows
     page.screenshot(path=str(ARTIFACTS / "dashboard-digits-core-experiment.png"), full_page=True)
     page.close()
     assert problems == []
+
+
+def test_login_kept_for_the_dashboards_origin_alone(server: Server, browser: Any) -> None:
+    """The login (web/guard.py, issue 34): without it a page is the one line; the login address
+    keeps the token in the origin's storage, not in a cookie; the service worker sends it on
+    pages, a reload that bypassed the worker (Shift+Reload) comes back through it, and the raw
+    log downloads through it."""
+    page = browser.new_page()
+    page.set_default_timeout(30_000)
+    first = page.goto(server.base + "/")
+    assert first is not None and first.status == 401
+    assert "needs its access token (no access token)" in page.inner_text("#login-status")
+    server.open(page, "/")
+    assert page.locator("#experiments tbody tr").count() >= 1  # (other tests add theirs)
+    assert not [c for c in page.context.cookies() if server.token in c["value"]]
+    assert server.token not in page.evaluate("document.cookie")
+    # a reload that bypasses the worker is refused, then retried once through it
+    answers: list[tuple[str, int, bool]] = []
+    page.on("response", lambda r: answers.append((r.url, r.status, r.from_service_worker)))
+    page.context.new_cdp_session(page).send("Page.reload", {"ignoreCache": True})
+    until(page, "document.title.startsWith('Experiments')")
+    pages = [(status, worker) for url, status, worker in answers if url == server.base + "/"]
+    assert pages[0] == (401, False) and pages[-1] == (200, True), answers
+    # the raw log: fetched by the page through the worker, saved from memory
+    trial = server.json("/api/experiments/1")["trials"][0]["id"]
+    page.goto(f"{server.base}/trials/{trial}")
+    with page.expect_download() as download:
+        page.click("#log-raw")
+    assert download.value.suggested_filename == f"experiment-1-trial-{trial}.log"
+    assert "done" in Path(download.value.path()).read_text()
+    page.close()
