@@ -48,6 +48,10 @@ class LazyGroup(DetGroup):
             self.commands[name] = build(self._lazy()[name])
         return super().get_command(ctx, cmd_name)
 
+    def unknown(self, ctx: Any, name: str) -> str:
+        self.load_all()  # the closest name is chosen among all commands, hidden ones excluded
+        return super().unknown(ctx, name)
+
     def load_all(self) -> None:
         """Every command built (what walks the whole tree needs: completion, tests)."""
         for entry in self.TABLE:

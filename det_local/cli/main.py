@@ -31,18 +31,21 @@ def _cluster() -> Any:
 
 def _attr(module: str, name: str) -> Any:
     def load() -> Any:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
+        # __import__, not importlib.import_module: `python -X importtime` shows only the former
+        return getattr(__import__(module, fromlist=[name]), name)
 
     return load
 
 
 class TopGroup(LazyGroup):
-    # the order of `det-local -h`; Determined's short names (e, t, c, command, j, ls...) are
-    # aliases: det_local/cli/group.py
+    # the order of `det-local -h` (typer's: commands, then groups); Determined's short names
+    # (e, t, c, command, j, ls...) are aliases: det_local/cli/group.py
     TABLE = (
         Lazy("run", _attr("det_local.cli.run", "run_command"), group=False),
+        Lazy("slots", _attr("det_local.cli.slots", "slots_command"), group=False),
+        Lazy("usage", _attr("det_local.cli.results.usage", "usage_command"), group=False),
+        Lazy("dashboard", _attr("det_local.cli.dashboard", "dashboard_command"), group=False),
+        Lazy("completion", _attr("det_local.cli.completion", "completion_command"), group=False),
         Lazy("experiment", _experiment, group=True),
         Lazy("trial", _attr("det_local.cli.trial", "app"), group=True),
         Lazy("checkpoint", _attr("det_local.cli.results.checkpoint", "app"), group=True),
@@ -52,14 +55,10 @@ class TopGroup(LazyGroup):
         Lazy("cmd", _attr("det_local.cli.cmd", "app"), group=True),
         Lazy("daemon", _attr("det_local.cli.daemon", "app"), group=True),
         Lazy("cluster", _cluster, group=True),
-        Lazy("slots", _attr("det_local.cli.slots", "slots_command"), group=False),
-        Lazy("usage", _attr("det_local.cli.results.usage", "usage_command"), group=False),
         Lazy("slot", _attr("det_local.cli.daytwo", "slot_app"), group=True),
         Lazy("shell", _attr("det_local.cli.tasks", "shell_app"), group=True),
         Lazy("notebook", _attr("det_local.cli.tasks", "notebook_app"), group=True),
         Lazy("tensorboard", _attr("det_local.cli.tasks", "tensorboard_app"), group=True),
-        Lazy("dashboard", _attr("det_local.cli.dashboard", "dashboard_command"), group=False),
-        Lazy("completion", _attr("det_local.cli.completion", "completion_command"), group=False),
     )
 
 
