@@ -1,0 +1,160 @@
+"""How long the commands a lab member types all day take, next to `python -c pass` of the same
+interpreter (the floor of any Python CLI), alternating command and floor in one run (issue 37).
+
+    python3 bench/cli_latency.py [--runs 15] [--rows 10000] [--only NAME,...]
+
+A daemon runs on a temporary home (2 CPU slots) with one finished experiment (for `experiment
+describe` and `trial logs`); a `sleep` command then holds both slots, so what the submissions
+below queue waits and costs nothing while the others are timed. Each command runs once to warm
+the page cache and the help cache (`det-local` answers pure help from it), then --runs times,
+each run right after a run of the floor; the figure is the median of (command - floor) pairs
+and the medians of each. Then the store gets --rows queued commands and --rows experiments and
+the lists are timed the same way (0 skips them).
+
+Targets (2 cores): each command <= floor + 25 ms; lists of 10,000 rows <= floor + 100 ms.
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import Daemon, det_local_cmd, env_with_home  # noqa: E402
+
+CONFIG = """\
+name: latency
+entrypoint: python3 -c "print('a line of output')"
+searcher: {name: single, metric: x, max_length: 1}
+"""
+
+COMMANDS: list[tuple[str, list[str]]] = [
+    ("--help", ["--help"]),
+    ("experiment --help", ["experiment", "--help"]),
+    ("cmd run --help", ["cmd", "run", "--help"]),
+    ("cmd run", ["cmd", "run", "--", "true"]),
+    ("job list", ["job", "list"]),
+    ("experiment list", ["experiment", "list"]),
+    ("experiment describe", ["experiment", "describe", "1"]),
+    ("trial logs", ["trial", "logs", "1"]),
+    ("slots", ["slots"]),
+    ("daemon status", ["daemon", "status"]),
+    ("experiment create", ["experiment", "create", "config.yaml", "."]),
+    ("run --detach", ["run", "--detach", "config.yaml", "."]),
+]
+LISTS: list[tuple[str, list[str]]] = [
+    ("job list", ["job", "list"]),
+    ("experiment list", ["experiment", "list"]),
+    ("cmd list", ["cmd", "list"]),
+]
+
+
+def once(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    start = time.perf_counter()
+    p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True)
+    ms = (time.perf_counter() - start) * 1000
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
+    return ms
+
+
+def paired(argv: list[str], env: dict[str, str], cwd: str, runs: int) -> dict[str, float]:
+    floor_argv = [sys.executable, "-c", "pass"]
+    once(argv, env, cwd)  # warm-up
+    once(floor_argv, env, cwd)
+    cmd, floor = [], []
+    for _ in range(runs):
+        floor.append(once(floor_argv, env, cwd))
+        cmd.append(once(argv, env, cwd))
+    return {
+        "ms": round(statistics.median(cmd), 1),
+        "floor_ms": round(statistics.median(floor), 1),
+        "over_ms": round(statistics.median(c - f for c, f in zip(cmd, floor)), 1),
+    }
+
+
+def populate(home: Path, rows: int) -> None:
+    from det_local.store.db import Store
+    from det_local.store.paths import Paths
+
+    store = Store(Paths(home).db)
+    user = "root" if os.geteuid() == 0 else str(os.geteuid())
+    config = {"name": "bench", "entrypoint": "python3 train.py", "searcher": {"name": "single"}}
+    with store.transaction():
+        for i in range(rows):
+            store.jobs.create(
+                kind="COMMAND",
+                name=f"python3 eval.py --shard {i}",
+                user=user,
+                uid=os.geteuid(),
+                priority=42,
+                slots_needed=1,
+                argv=["python3", "eval.py", "--shard", str(i)],
+                cwd="/tmp",
+            )
+            store.create_experiment(name=f"bench-{i:05d}", config=config, labels=["bench"])
+    store.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--rows", type=int, default=10000, help="rows for the lists (0: skip)")
+    ap.add_argument("--only", default="", help="comma-separated command names")
+    args = ap.parse_args()
+    cli = det_local_cmd()
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+
+    with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
+        ctx = Path(tmp) / "ctx"
+        ctx.mkdir()
+        (ctx / "config.yaml").write_text(CONFIG)
+        home = Path(tmp) / "home"
+        env = {**env_with_home(str(home)), "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        results: dict[str, dict[str, float]] = {}
+        lists: dict[str, dict[str, float]] = {}
+        with Daemon(str(home), DET_LOCAL_CPU_SLOTS="2") as daemon:
+            once([*cli, "run", "config.yaml", "."], env, str(ctx))  # experiment 1, trial 1
+            once([*cli, "cmd", "run", "--slots", "2", "--", "sleep", "3600"], env, str(ctx))
+            for name, argv in COMMANDS:
+                if only and name not in only:
+                    continue
+                results[name] = paired([*cli, *argv], env, str(ctx), args.runs)
+                r = results[name]
+                print(
+                    f"{name:22s} {r['ms']:7.1f} ms  floor {r['floor_ms']:6.1f}  +{r['over_ms']:.1f}"
+                )
+            if args.rows:
+                daemon.stop()
+                populate(home, args.rows)
+                for name, argv in LISTS:
+                    lists[name] = paired([*cli, *argv], env, str(ctx), args.runs)
+                    r = lists[name]
+                    print(
+                        f"{name} ({args.rows} rows) {r['ms']:7.1f} ms  floor {r['floor_ms']:6.1f}"
+                        f"  +{r['over_ms']:.1f}"
+                    )
+    print(
+        json.dumps(
+            {
+                "commands": results,
+                "lists": lists,
+                "rows": args.rows,
+                "runs": args.runs,
+                "cpus": os.cpu_count(),
+                "targets": {"over_ms": 25, "list_over_ms": 100},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
