@@ -77,7 +77,7 @@ def paired(argv: list[str], env: dict[str, str], cwd: str, runs: int) -> dict[st
     return {
         "ms": round(statistics.median(cmd), 1),
         "floor_ms": round(statistics.median(floor), 1),
-        "over_ms": round(statistics.median(c - f for c, f in zip(cmd, floor)), 1),
+        "over_ms": round(statistics.median(c - f for c, f in zip(cmd, floor, strict=True)), 1),
     }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Collection, Sequence
-from typing import Any
-
-import typer
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
+
+if TYPE_CHECKING:
+    import typer
 
 DEBUG_ENV = "DET_LOCAL_DEBUG"
 
@@ -28,8 +29,14 @@ def run_cli(app: typer.Typer) -> int:
         from typer.completion import completion_init
 
         completion_init()  # typer's completion classes, which its scripts speak to
+    return guarded(lambda: app(args=argv, prog_name="det-local", standalone_mode=False))
+
+
+def guarded(call: Callable[[], Any]) -> int:
+    """Run a command (typer's app, or a fast path's body: `cli/start/fast.py`); its exit
+    status, errors as one line (`run_cli`)."""
     try:
-        rc = app(args=argv, prog_name="det-local", standalone_mode=False)
+        rc = call()
     except DetLocalError as err:
         if os.environ.get(DEBUG_ENV):
             raise

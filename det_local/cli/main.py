@@ -1,6 +1,6 @@
 """The `det-local` command. Thin over det_local.api; imports nothing heavy at start-up.
 
-A command group's module is imported when that group is invoked (`cli/lazy.py`)."""
+A command group's module is imported when that group is invoked (`cli/start/lazy.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 
 from det_local.cli.common import run_cli
 from det_local.cli.group import DetGroup
-from det_local.cli.lazy import Lazy, LazyGroup
+from det_local.cli.start.lazy import Lazy, LazyGroup
 
 
 def _experiment() -> Any:

@@ -61,8 +61,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_help_from_the_cache_is_typers(argv: list[str], env: dict[str, str]) -> None:
     typer_rc, typer_out, typer_err, _ = _run("det_local.cli.main", argv, env)
     assert typer_out or typer_err
-    made = _run("det_local.cli.entry", argv, env)  # made by typer, kept
-    kept = _run("det_local.cli.entry", argv, env)  # from the cache
+    made = _run("det_local.cli.start.entry", argv, env)  # made by typer, kept
+    kept = _run("det_local.cli.start.entry", argv, env)  # from the cache
     assert "typer" in made[3]
     assert "typer" not in kept[3], "the second help should not import typer"
     for got in (made, kept):
@@ -70,9 +70,9 @@ def test_help_from_the_cache_is_typers(argv: list[str], env: dict[str, str]) -> 
 
 
 def test_help_cache_depends_on_the_terminal_width(env: dict[str, str]) -> None:
-    wide = _run("det_local.cli.entry", ["cmd", "run", "-h"], env)
+    wide = _run("det_local.cli.start.entry", ["cmd", "run", "-h"], env)
     narrow_env = {**env, "COLUMNS": "60"}
-    narrow = _run("det_local.cli.entry", ["cmd", "run", "-h"], narrow_env)
+    narrow = _run("det_local.cli.start.entry", ["cmd", "run", "-h"], narrow_env)
     typer_narrow = _run("det_local.cli.main", ["cmd", "run", "-h"], narrow_env)
     assert narrow[:3] == typer_narrow[:3]
     assert narrow[1] != wide[1]
@@ -85,30 +85,30 @@ def test_help_cache_is_made_again_after_the_code_changes(
     copy = tmp_path / "src"
     shutil.copytree(PACKAGE, copy / "det_local", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**env, "PYTHONPATH": str(copy)}
-    first = _run("det_local.cli.entry", ["job", "-h"], env)
+    first = _run("det_local.cli.start.entry", ["job", "-h"], env)
     assert "The job queue." in first[1]
-    assert "typer" not in _run("det_local.cli.entry", ["job", "-h"], env)[3]  # kept
+    assert "typer" not in _run("det_local.cli.start.entry", ["job", "-h"], env)[3]  # kept
 
     job = copy / "det_local" / "cli" / "job.py"
     job.write_text(job.read_text().replace('help="The job queue."', 'help="The queue, anew."'))
-    changed = _run("det_local.cli.entry", ["job", "-h"], env)
+    changed = _run("det_local.cli.start.entry", ["job", "-h"], env)
     assert "The queue, anew." in changed[1] and "The job queue." not in changed[1]
     assert "typer" in changed[3]  # made again by typer
-    again = _run("det_local.cli.entry", ["job", "-h"], env)
+    again = _run("det_local.cli.start.entry", ["job", "-h"], env)
     assert again[:3] == changed[:3] and "typer" not in again[3]
 
     # a module the help does not show but was loaded for it (the top group's) counts too
     group = copy / "det_local" / "cli" / "group.py"
     group.write_text(group.read_text() + "\n# changed\n")
-    assert "typer" in _run("det_local.cli.entry", ["job", "-h"], env)[3]
+    assert "typer" in _run("det_local.cli.start.entry", ["job", "-h"], env)[3]
 
 
 def test_help_cache_others_can_write_is_not_used(tmp_path: Path, env: dict[str, str]) -> None:
-    made = _run("det_local.cli.entry", ["-h"], env)
+    made = _run("det_local.cli.start.entry", ["-h"], env)
     (cache,) = (tmp_path / "cache" / "det-local").glob("help-*")
     assert cache.stat().st_mode & 0o777 == 0o600
     cache.chmod(0o666)
-    again = _run("det_local.cli.entry", ["-h"], env)
+    again = _run("det_local.cli.start.entry", ["-h"], env)
     assert "typer" in again[3] and again[:3] == made[:3]
 
 

@@ -57,7 +57,7 @@ def cache_file() -> str | None:
         return None
     import zlib
 
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     tag = zlib.crc32(f"{sys.executable}\0{sys.version}\0{here}".encode())
     return os.path.join(base, "det-local", f"help-{tag:08x}.marshal")
 
