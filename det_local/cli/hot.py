@@ -27,7 +27,7 @@ def cmd_run(
     argv = list(args)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    payload = {
+    payload: dict[str, object] = {
         **task_config,
         "argv": argv,
         "cwd": os.getcwd(),
