@@ -32,6 +32,12 @@ TAKEN = [
     ["j", "ls", "-a"],
     ["job", "list", "--all", "--json", "--limit", "5"],
     ["job", "ls", "--limit=0"],
+    ["trial", "logs", "3"],
+    ["t", "logs", "--tail", "5", "12"],
+    ["trial", "logs", "7", "-f", "--rank", "1", "--tail=0"],
+    ["trial", "logs", "0012", "--follow"],
+    ["daemon", "status"],
+    ["daemon", "status", "--json"],
 ]
 DECLINED = [
     ["cmd", "run", "true"],  # no `--`: click's rules for words and options mixed
@@ -62,6 +68,15 @@ DECLINED = [
     ["jobs", "list"],
     ["--version"],
     ["cmd"],
+    ["trial", "logs"],  # the id is missing: typer says so
+    ["trial", "logs", "3", "4"],
+    ["trial", "logs", "x3"],
+    ["trial", "logs", "-3"],
+    ["trial", "logs", "3", "--rank", "-1"],
+    ["trial", "logs", "--", "3"],
+    ["trial", "logs", "3", "-f", "-f"],
+    ["daemon", "status", "--json", "extra"],
+    ["daemon", "stop"],
 ]
 
 
@@ -71,6 +86,8 @@ def _typer_call(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
     keys = {
         "cmd_run": ["args", "slots", "priority", "name", "follow", "pool", "anywhere", "config"],
         "job_list": ["show_all", "limit", "as_json"],
+        "trial_logs": ["trial_id", "follow", "rank", "tail"],
+        "daemon_status": ["as_json"],
     }
     for body in keys:
 
@@ -137,3 +154,9 @@ def test_fast_commands_answer_as_typers(dl: Env) -> None:
     assert fast_err == _script(dl, *bad, entry=False)
     assert fast_err[0] != 0 and fast_err[2].startswith("error: ") and fast_err[2].count("\n") == 1
     assert len(dl.jobs()) == 2
+    # no daemon: status says so, exit 3; an unknown trial's logs: one line and its status
+    for argv in (["daemon", "status"], ["daemon", "status", "--json"], ["trial", "logs", "99"]):
+        fast_answer = _script(dl, *argv, entry=True)
+        assert fast_answer == _script(dl, *argv, entry=False)
+        assert fast_answer[0] != 0 or argv[-1] == "--json", fast_answer
+    assert _script(dl, "daemon", "status", entry=True)[0] == 3

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-
-HOT_GROUPS = ("cmd", "command", "job", "j")  # the groups of fast.py's commands, aliases too
+# the groups of fast.py's commands, aliases too
+HOT_GROUPS = ("cmd", "command", "job", "j", "trial", "t", "daemon")
 
 
 def main() -> None:

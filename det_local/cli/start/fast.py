@@ -1,12 +1,13 @@
-"""The hot commands without typer: `cmd run [OPTIONS] -- COMMAND...` and `job list [OPTIONS]`.
+"""The hot commands without typer: `cmd run [OPTIONS] -- COMMAND...`, `job list`, `trial logs ID`,
+`daemon status` (each with its options).
 
 A shell loop of `det-local cmd run` and a terminal watching `job list` pay typer's import
-(~55 ms of CPU on a 2-core machine, most of what these commands cost) for parsing a few
-options. This module parses the plain forms of those two commands itself and calls the same
-bodies the typer commands call (`cli/hot.py`); anything else (`-h`, an unknown or repeated
-option, a value that is not plainly an integer or that looks like an option, `--follow`,
-`--cluster`, `--debug`, no `--` before the command's own words, shell completion) is declined,
-and typer parses it as before. `tests/cli/test_cli_fast.py` runs both over one argv table: what
+(~50 ms of CPU on a 2-core machine, most of what these commands cost) for parsing a few
+options. This module parses the plain forms of these commands itself and calls the same bodies
+the typer commands call (`cli/hot.py`); anything else (`-h`, an unknown or repeated option, a
+value or an id that is not plainly an integer, a value that looks like an option, `cmd run
+--follow`, `job list --cluster`, `--debug`, no `--` before the command's own words, shell
+completion) is declined, and typer parses it as before. `tests/cli/test_cli_fast.py` runs both over one argv table: what
 this module takes, typer takes the same way.
 """
 
@@ -34,6 +35,7 @@ class Hot:
     defaults: dict[str, Any]
     rest: bool  # the command's own words follow a `--`
     body: str  # the function of cli/hot.py
+    ids: tuple[str, ...] = ()  # its positional arguments, integers (ids), in order
 
 
 CMD_RUN = Hot(
@@ -73,7 +75,29 @@ JOB_LIST = Hot(
     rest=False,
     body="job_list",
 )
-HOT = (CMD_RUN, JOB_LIST)
+TRIAL_LOGS = Hot(
+    groups=("trial", "t"),
+    names=("logs",),
+    options={
+        "--follow": Opt("follow", "flag"),
+        "-f": Opt("follow", "flag"),
+        "--rank": Opt("rank", "int"),
+        "--tail": Opt("tail", "int"),
+    },
+    defaults={"follow": False, "rank": None, "tail": None},
+    rest=False,
+    body="trial_logs",
+    ids=("trial_id",),
+)
+DAEMON_STATUS = Hot(
+    groups=("daemon",),
+    names=("status",),
+    options={"--json": Opt("as_json", "flag")},
+    defaults={"as_json": False},
+    rest=False,
+    body="daemon_status",
+)
+HOT = (CMD_RUN, JOB_LIST, TRIAL_LOGS, DAEMON_STATUS)
 
 
 def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
@@ -90,12 +114,19 @@ def parse(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
 def _options(hot: Hot, words: list[str]) -> dict[str, Any] | None:
     kwargs = dict(hot.defaults)
     seen: set[str] = set()
+    ids = list(hot.ids)
     i = 0
     while i < len(words):
         word = words[i]
         if word == "--" and hot.rest:
             kwargs["args"] = words[i + 1 :]  # as click hands them on: after the `--`
             return kwargs
+        if not word.startswith("-"):  # a positional argument (between options too, as click)
+            if not (ids and word.isascii() and word.isdigit()):
+                return None
+            kwargs[ids.pop(0)] = int(word)
+            i += 1
+            continue
         name, eq, attached = word.partition("=")
         opt = hot.options.get(name if name.startswith("--") else word)
         if opt is None or (opt.field in seen and opt.kind != "texts"):
@@ -123,7 +154,7 @@ def _options(hot: Hot, words: list[str]) -> dict[str, Any] | None:
             kwargs[opt.field] = [*(kwargs[opt.field] or []), value]
         else:
             kwargs[opt.field] = value
-    return None if hot.rest else kwargs
+    return None if hot.rest or ids else kwargs
 
 
 def run(argv: list[str]) -> int | None:
