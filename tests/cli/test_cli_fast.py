@@ -138,9 +138,9 @@ def _script(dl: Env, *args: str, entry: bool) -> tuple[int, str, str]:
 def test_fast_commands_answer_as_typers(dl: Env) -> None:
     """No daemon: `cmd run` queues offline and says so; `job list` shows the queue; errors
     (a refused submission) are the same one line and status."""
-    for entry in (True, False):  # the fast path, then typer; the same words each time
-        n = 1 if entry else 2
-        rc, out, err = _script(dl, "cmd", "run", "--name", f"c{n}", "--", "true", entry=entry)
+    for fast_path in (True, False):  # the fast path, then typer; the same words each time
+        n = 1 if fast_path else 2
+        rc, out, err = _script(dl, "cmd", "run", "--name", f"c{n}", "--", "true", entry=fast_path)
         assert rc == 0 and out == f"Queued command {n}\n", err
         assert err.startswith(f"det-local: no daemon is running for {dl.home}; command {n} ")
     fast_list = _script(dl, "job", "list", "--all", entry=True)

@@ -7,8 +7,8 @@ options. This module parses the plain forms of these commands itself and calls t
 the typer commands call (`cli/hot.py`); anything else (`-h`, an unknown or repeated option, a
 value or an id that is not plainly an integer, a value that looks like an option, `cmd run
 --follow`, `job list --cluster`, `--debug`, no `--` before the command's own words, shell
-completion) is declined, and typer parses it as before. `tests/cli/test_cli_fast.py` runs both over one argv table: what
-this module takes, typer takes the same way.
+completion) is declined, and typer parses it as before. `tests/cli/test_cli_fast.py` runs both
+over one argv table: what this module takes, typer takes the same way.
 """
 
 from __future__ import annotations
