@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--loop", type=int, default=200, help="cmd runs in a loop (0: skip)")
     ap.add_argument("--only", default="", help="comma-separated command names")
     ap.add_argument("--no-compile", action="store_true", help="leave det_local's bytecode be")
+    ap.add_argument("--cli", default=None, help="the det-local command (default: the script)")
     args = ap.parse_args()
     if not args.no_compile:
         import compileall
@@ -122,7 +124,7 @@ def main() -> None:
         import det_local
 
         compileall.compile_dir(os.path.dirname(det_local.__file__), quiet=2)
-    cli = det_local_cmd()
+    cli = shlex.split(args.cli) if args.cli else det_local_cmd()
     only = {n.strip() for n in args.only.split(",") if n.strip()}
 
     with tempfile.TemporaryDirectory(prefix="det-local-bench-") as tmp:
