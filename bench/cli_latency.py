@@ -8,11 +8,13 @@ describe` and `trial logs`); a `sleep` command then holds both slots, so what th
 below queue waits and costs nothing while the others are timed. Each command runs once to warm
 the page cache and the help cache (`det-local` answers pure help from it), then --runs times,
 each run right after a run of the floor; the figure is the median of (command - floor) pairs
-and the medians of each. det_local's bytecode is compiled first (as Python does at a first
-import, unless PYTHONDONTWRITEBYTECODE is set, as on the development machine; --no-compile
-measures without it). Then the store gets --rows queued commands and --rows experiments and
-the lists are timed the same way (0 skips them). --loop N: a shell loop's N `cmd run` one after
-another, against N floors one after another (the issue's "200 submissions from a shell loop").
+and the medians of each, in wall time and in CPU time (user + system of the process: what a
+machine shared with other work cannot inflate as much). det_local's bytecode is compiled
+first (as Python does at a first import, unless PYTHONDONTWRITEBYTECODE is set, as on the
+development machine; --no-compile measures without it). Then the store gets --rows queued
+commands and --rows experiments and the lists are timed the same way (0 skips them). --loop N:
+a shell loop's N `cmd run` one after another, against N floors one after another (the issue's
+"200 submissions from a shell loop").
 
 Targets (2 cores): each command <= floor + 25 ms; lists of 10,000 rows <= floor + 100 ms; the
 loop of 200 within the 200 floors + 5 s.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -62,13 +65,17 @@ LISTS: list[tuple[str, list[str]]] = [
 ]
 
 
-def once(argv: list[str], env: dict[str, str], cwd: str) -> float:
+def once(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall ms, CPU ms: user + system of the process and what it waited for) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True)
     ms = (time.perf_counter() - start) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
-    return ms
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
+    return ms, cpu
 
 
 def paired(argv: list[str], env: dict[str, str], cwd: str, runs: int) -> dict[str, float]:
@@ -79,10 +86,17 @@ def paired(argv: list[str], env: dict[str, str], cwd: str, runs: int) -> dict[st
     for _ in range(runs):
         floor.append(once(floor_argv, env, cwd))
         cmd.append(once(argv, env, cwd))
+
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 1)
+
     return {
-        "ms": round(statistics.median(cmd), 1),
-        "floor_ms": round(statistics.median(floor), 1),
-        "over_ms": round(statistics.median(c - f for c, f in zip(cmd, floor, strict=True)), 1),
+        "ms": med([c[0] for c in cmd]),
+        "floor_ms": med([f[0] for f in floor]),
+        "over_ms": med([c[0] - f[0] for c, f in zip(cmd, floor, strict=True)]),
+        "cpu_ms": med([c[1] for c in cmd]),
+        "floor_cpu_ms": med([f[1] for f in floor]),
+        "over_cpu_ms": med([c[1] - f[1] for c, f in zip(cmd, floor, strict=True)]),
     }
 
 
@@ -145,6 +159,8 @@ def main() -> None:
                 r = results[name]
                 print(
                     f"{name:22s} {r['ms']:7.1f} ms  floor {r['floor_ms']:6.1f}  +{r['over_ms']:.1f}"
+                    f"   CPU {r['cpu_ms']:6.1f} ms  floor {r['floor_cpu_ms']:5.1f}"
+                    f"  +{r['over_cpu_ms']:.1f}"
                 )
             loop: dict[str, float] = {}
             if args.loop:
@@ -173,7 +189,7 @@ def main() -> None:
                     r = lists[name]
                     print(
                         f"{name} ({args.rows} rows) {r['ms']:7.1f} ms  floor {r['floor_ms']:6.1f}"
-                        f"  +{r['over_ms']:.1f}"
+                        f"  +{r['over_ms']:.1f}   CPU +{r['over_cpu_ms']:.1f}"
                     )
     print(
         json.dumps(
