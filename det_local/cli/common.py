@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Collection, Sequence
@@ -83,6 +82,8 @@ def usage_line(err: Any) -> None:
 
 
 def print_json(value: Any) -> None:
+    import json
+
     from det_local.store.records import json_safe
 
     print(json.dumps(json_safe(value), indent=2, sort_keys=False))

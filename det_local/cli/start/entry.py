@@ -11,7 +11,7 @@ HOT_GROUPS = ("cmd", "command", "job", "j", "trial", "t", "daemon")
 
 def main() -> None:
     argv = sys.argv[1:]
-    if argv and argv[0] in HOT_GROUPS:
+    if argv and argv[0] in HOT_GROUPS and argv[-1] not in ("-h", "--help"):  # help: the cache
         from det_local.cli.start import fast
 
         rc = fast.run(argv)
