@@ -110,6 +110,13 @@ def test_help_cache_others_can_write_is_not_used(tmp_path: Path, env: dict[str, 
     cache.chmod(0o666)
     again = _run("det_local.cli.start.entry", ["-h"], env)
     assert "typer" in again[3] and again[:3] == made[:3]
+    cache.chmod(0o600)
+    assert "typer" not in _run("det_local.cli.start.entry", ["-h"], env)[3]
+    cache.parent.chmod(0o777)  # a directory others may write: neither read nor written
+    before = cache.stat()
+    again = _run("det_local.cli.start.entry", ["-h"], env)
+    assert "typer" in again[3] and again[:3] == made[:3]
+    assert cache.stat().st_mtime_ns == before.st_mtime_ns
 
 
 def test_commands_load_only_their_group(dl: Env, env: dict[str, str]) -> None:

@@ -10,7 +10,8 @@ Never stale: each answer keeps the (path, size, mtime, inode) of every module fi
 loaded when it was made (det_local's, typer's, the standard library's) and is used only while
 all of them are unchanged; an upgrade, an editable change or another typer makes it again.
 The cache file is one per interpreter and det_local location, written atomically, owner-only,
-and read only when it is the user's own and nobody else may write it; anything unexpected in
+and read or written only when it and its directory are the user's own and nobody else may write
+them (`sudo` keeping another user's HOME writes nothing there); anything unexpected in
 it (or no cache directory) means the answer is made by typer, as without a cache.
 
 Only pure help is kept: no arguments at all, or up to two command words (lower-case names)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from stat import S_ISDIR
 from typing import Any
 
 HELP_FLAGS = ("-h", "--help")
@@ -62,9 +64,22 @@ def cache_file() -> str | None:
     return os.path.join(base, "det-local", f"help-{tag:08x}.marshal")
 
 
+def _own_directory(path: str, strict: bool = True) -> bool:
+    """A directory of this user's own (not a symbolic link); strict: nobody else may write it."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    return not (strict and st.st_mode & 0o022)
+
+
 def _load(path: str) -> dict[str, Any]:
     import marshal
 
+    if not _own_directory(os.path.dirname(path)):
+        return {}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -140,7 +155,15 @@ def keep(argv: list[str], out: str, err: str, rc: int) -> None:
     if path is None:
         return
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        directory = os.path.dirname(path)
+        base = os.path.dirname(directory)
+        home_ok = _own_directory(os.path.dirname(base), strict=False)
+        base_ok = _own_directory(base, strict=False) or (home_ok and not os.path.lexists(base))
+        if not base_ok:
+            return  # another user's (`sudo` keeping HOME), or a link: write nothing there
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _own_directory(directory):
+            return
         entries = _load(path)
         if len(entries) >= MAX_ENTRIES:
             entries = {}
