@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from det_local.store.db import Store
 from det_local.store.paths import Paths
 
 if TYPE_CHECKING:
     from det_local.client.testmode import TestReport
+    from det_local.store.db import Store  # imported when a store is opened: `cmd run` needs none
 
 
 def paths() -> Paths:
@@ -33,6 +33,8 @@ def open_store(p: Paths | None = None) -> Store:
     db = (p or paths()).db
     if _SHARED is not None and _SHARED[1] == db:
         return _SHARED[0]()
+    from det_local.store.db import Store
+
     return Store(db, readonly=True)
 
 

@@ -49,47 +49,11 @@ def run(
     Its output goes to a log (`det-local cmd logs ID`); its exit status is recorded. With no
     daemon running, -f runs it here (an engine in this process, as `det-local run` does);
     without -f it waits in the queue until a daemon starts."""
-    import os
+    from det_local.cli import hot
 
-    from det_local import api
-    from det_local.sched.run.userfiles import current_umask
-    from det_local.usage.settings import parse_task_config
-
-    task_config = parse_task_config(config)
-    argv = list(ctx.args)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    payload = {
-        **task_config,
-        "argv": argv,
-        "cwd": os.getcwd(),
-        "env": dict(os.environ),
-        "slots": slots,
-        "priority": priority,
-        "name": name,
-        "umask": current_umask(),  # it runs with this shell's umask, as if run here
-        "anywhere": anywhere,
-        **({"pool": pool} if pool else {}),
-    }
-    if follow:
-        from det_local.client.embedded import run_command
-
-        raise typer.Exit(run_command(api.paths(), payload))
-    job_id = api.control_job("cmd_run", payload)
-    print(f"Queued command {job_id}", flush=True)
-    from det_local.sched.enginelock import lock_free
-
-    p = api.paths()
-    if lock_free(p):
-        import sys
-
-        print(
-            f"det-local: no daemon is running for {p.home}; command {job_id} waits in the "
-            "queue until one starts (`det-local daemon start`), or run it now in this "
-            "terminal with `det-local cmd run -f`",
-            file=sys.stderr,
-            flush=True,
-        )
+    code = hot.cmd_run(list(ctx.args), slots, priority, name, follow, pool, anywhere, config)
+    if code is not None:
+        raise typer.Exit(code)
 
 
 @app.command("list")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Collection, Sequence
-from typing import Any
-
-import typer
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import DetLocalError
+
+if TYPE_CHECKING:
+    import typer
 
 DEBUG_ENV = "DET_LOCAL_DEBUG"
 
@@ -28,8 +28,14 @@ def run_cli(app: typer.Typer) -> int:
         from typer.completion import completion_init
 
         completion_init()  # typer's completion classes, which its scripts speak to
+    return guarded(lambda: app(args=argv, prog_name="det-local", standalone_mode=False))
+
+
+def guarded(call: Callable[[], Any]) -> int:
+    """Run a command (typer's app, or a fast path's body: `cli/start/fast.py`); its exit
+    status, errors as one line (`run_cli`)."""
     try:
-        rc = app(args=argv, prog_name="det-local", standalone_mode=False)
+        rc = call()
     except DetLocalError as err:
         if os.environ.get(DEBUG_ENV):
             raise
@@ -76,6 +82,8 @@ def usage_line(err: Any) -> None:
 
 
 def print_json(value: Any) -> None:
+    import json
+
     from det_local.store.records import json_safe
 
     print(json.dumps(json_safe(value), indent=2, sort_keys=False))

@@ -56,52 +56,8 @@ def stop() -> None:
 @app.command("status")
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Whether the daemon runs, its pid, uptime, memory, and the queue's size."""
-    from det_local import api
-    from det_local.client.daemonctl import status as daemon_status
+    from det_local.cli import hot
 
-    st = daemon_status(api.paths())
-    if st["running"]:
-        st["federation"] = _federation(api.paths())
-    if as_json:
-        from det_local.cli.common import print_json
-
-        print_json(st)
-        return
-    if st["running"]:
-        print(
-            f"det-local daemon {st['pid']} running for {st['home']}, up {st['uptime_s']:.0f}s, "
-            f"{st.get('rss_mb', '?')} MB"
-        )
-        containment = st.get("containment")
-        if isinstance(containment, dict) and containment.get("text"):
-            print(f"containment: {containment['text']}")
-        fed = st["federation"]
-        if fed.get("federation") == "on":
-            print(
-                f"federation: on, node {fed['node']}, port {fed['port']}, "
-                f"{fed['live_peers']} live peer(s)"
-            )
-            if fed.get("collision"):
-                print(f"federation: {fed['collision']}")
-        else:
-            print(f"federation: off ({fed.get('why') or 'unknown'})")
-    else:
-        print(f"no det-local daemon is running for {st['home']}")
-    print(
-        f"jobs: {st['running_jobs']} running, {st['queued']} queued; "
-        f"{st['pending_requests']} request(s) waiting in the spool"
-    )
-    if not st["running"]:
-        raise typer.Exit(3)
-
-
-def _federation(paths: object) -> dict[str, object]:
-    """What the daemon's federation says of itself (its cluster socket), or why not."""
-    from det_local.errors import DetLocalError
-    from det_local.federate.client import request
-
-    try:
-        value = request(paths, {"t": "status"}, timeout=5.0)  # type: ignore[arg-type]
-    except DetLocalError as err:
-        return {"federation": "off", "why": str(err)}
-    return dict(value) if isinstance(value, dict) else {"federation": "off", "why": "no answer"}
+    code = hot.daemon_status(as_json)
+    if code:
+        raise typer.Exit(code)

@@ -19,48 +19,12 @@ def list_jobs(
     ),
 ) -> None:
     """#, ID, type, name, priority, submitted, slots acquired/needed, state, user."""
-    import time
-
-    from det_local.cli.common import print_json, table
-    from det_local.views import cluster as clusterviews
+    from det_local.cli import hot
 
     if cluster:
         _cluster_jobs(show_all, as_json)
         return
-
-    if as_json:
-        print_json(clusterviews.jobs_json(include_done=show_all, limit=limit))
-        return
-    jobs = clusterviews.queue(include_done=show_all, limit=limit)
-    pools = clusterviews.job_pools(jobs)
-    pooled = any(p != "default" for p in pools.values())  # a Pool column only when it says much
-    rows = []
-    for i, j in enumerate(jobs):
-        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at))
-        rows.append(
-            [
-                i + 1,
-                j.id,
-                j.kind,
-                j.name,
-                j.priority,
-                submitted,
-                f"{len(j.slots)}/{j.slots_needed}",
-                f"{j.state} (on {peer})" if (peer := clusterviews.ran_on(j)) else j.state,
-                j.user,
-            ]
-            + ([_pool_cell(pools[j.id], j)] if pooled else [])
-        )
-    headers = ["#", "ID", "Type", "Name", "Priority", "Submitted", "Slots", "State", "User"]
-    print(table(headers + (["Pool"] if pooled else []), rows, flex=("Name", "User")))
-
-
-def _pool_cell(pool: str, job: object) -> str:
-    """A job's pool; a run in a Slurm pool: its Slurm job (the job's pid column)."""
-    pid = getattr(job, "pid", None)
-    if pool == "default" or not pid:
-        return pool
-    return f"{pool} (Slurm job {pid})"
+    hot.job_list(show_all, limit, as_json)
 
 
 @app.command("update")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -187,21 +185,9 @@ def logs(
     ] = None,
 ) -> None:
     """Print a trial's output: every run and rank (rank N's lines start with [rank=N])."""
-    from det_local.views import logs as logviews
+    from det_local.cli import hot
 
-    out = sys.stdout.buffer
-    try:
-        logviews.trial_logs(trial_id, out, follow=follow, rank=rank, tail=tail)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C ends a follow quietly
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep Python's exit-time flush
-        # from raising again on the closed pipe.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+    hot.trial_logs(trial_id, follow, rank, tail)
 
 
 @app.command("kill")

@@ -99,10 +99,10 @@ def status(paths: Paths) -> dict[str, Any]:
     if info is not None:
         out["pid"] = info.pid
         out["uptime_s"] = round(time.time() - info.started_at, 1)
-        try:
-            import psutil
-
-            out["rss_mb"] = round(psutil.Process(info.pid).memory_info().rss / 2**20, 1)
+        try:  # what psutil's memory_info().rss reads, without importing psutil (~10 ms)
+            with open(f"/proc/{info.pid}/statm", "rb") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            out["rss_mb"] = round(rss / 2**20, 1)
         except Exception:
             pass
         try:  # what the daemon wrote at its start: how it contains jobs (cgroups or not)

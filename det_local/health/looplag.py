@@ -17,7 +17,6 @@ while stalled: ``at`` falls behind, which `status` shows as ``stale_s``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -77,10 +76,12 @@ class LoopLag:
             pass  # a full disk: the figures are only for people
 
     async def run(self) -> None:
+        from asyncio import sleep  # here: `daemon status` reads the file (`read`) without asyncio
+
         next_write = time.monotonic() + WRITE_S
         while True:
             asked = time.monotonic()
-            await asyncio.sleep(self.tick_s)
+            await sleep(self.tick_s)
             now = time.monotonic()
             self.add(now, max(0.0, now - asked - self.tick_s))
             if now >= next_write:

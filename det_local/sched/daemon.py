@@ -8,7 +8,6 @@ that is, so a stale pid file left by a crash never blocks a restart.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -87,6 +86,8 @@ def run_foreground(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) ->
             f"a `det-local run` is using {paths.home} right now; start the daemon when it ends "
             "(its experiments then go on under the daemon), or use another DET_LOCAL_HOME"
         )
+    import asyncio  # here, not at the top: `daemon status` reads the pid file (below) only
+
     try:
         return asyncio.run(_serve(paths, extensions))
     finally:
@@ -100,6 +101,8 @@ def run_foreground(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) ->
 
 
 async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> int:
+    import asyncio
+
     from det_local.sched.engine import Engine
 
     def log(line: str) -> None:

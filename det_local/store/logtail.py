@@ -25,7 +25,6 @@ daemon's experiment says the experiment goes on).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -170,9 +169,11 @@ async def follow_async(pump: Callable[[], bool], done: Callable[[], bool], *, po
     (the loop's other work is never starved), and asks done() after every pump (a stop is seen
     within one poll)."""
 
+    from asyncio import sleep  # here: `trial logs` reads logs without an event loop
+
     def pump_then_wait() -> bool:
         pump()
         return False
 
     for delay in _waits(pump_then_wait, done, poll, None):
-        await asyncio.sleep(delay)
+        await sleep(delay)

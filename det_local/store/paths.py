@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +65,8 @@ class Paths:
         path = self.run_dir / "cluster.sock"
         if len(str(path)) <= _MAX_SOCKET_PATH:
             return path
+        import hashlib  # only for a home too deep for a socket path: its import costs ms
+
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:16]
         return Path("/tmp") / f"det-local-{digest}-cluster.sock"
 
@@ -84,6 +85,8 @@ class Paths:
         path = self.run_dir / "daemon.sock"
         if len(os.fsencode(str(path))) <= _MAX_SOCKET_PATH:
             return path
+        import hashlib
+
         digest = hashlib.sha1(os.fsencode(str(self.home))).hexdigest()[:16]
         return Path("/tmp") / f"det-local-{os.geteuid()}-{digest}.sock"
 
@@ -148,6 +151,8 @@ class Paths:
         in the caller's own cache (outside the home, which a shared daemon owns), one
         directory per home."""
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        import hashlib
+
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
         return (
             Path(cache) / "det-local" / "tensorboard" / digest

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import ConfigError
-from det_local.suggest import check_section_keys, closest
 
 DEFAULT_INTERVAL_S = 5.0
 MIN_INTERVAL_S = 0.1  # a rate above 10 samples a second is clamped (one line in the log)
@@ -103,6 +102,8 @@ def load_usage_settings(path: Path) -> UsageSettings:
     if not isinstance(sm, dict):
         raise ConfigError(f"system_metrics in {source}: expected a mapping, found {sm!r}")
     allowed = {"enabled", "interval", "profiling_interval", "keep_full", "max_rows_per_run"}
+    from det_local.suggest import check_section_keys
+
     check_section_keys("system_metrics.", sm, allowed, source)
     warnings: list[str] = []
     interval = _interval(
@@ -210,6 +211,8 @@ def parse_task_config(items: list[str] | None) -> dict[str, float]:
         if not eq:
             raise ConfigError(f"--config {item!r}: expected KEY=VALUE, e.g. idle_timeout=30m")
         if key not in TASK_CONFIG_KEYS:
+            from det_local.suggest import closest  # `cmd run` without a typo need not load it
+
             near = closest(key, TASK_CONFIG_KEYS)
             hint = f"did you mean '{near}'?" if near else "the keys are idle_timeout"
             raise ConfigError(f"--config: unknown key '{key}'; {hint}")

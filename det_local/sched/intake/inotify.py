@@ -14,7 +14,6 @@ reached); callers then fall back to what they did before.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -35,8 +34,13 @@ _libc: ctypes.CDLL | None = None
 def _lib() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        name = ctypes.util.find_library("c") or "libc.so.6"
-        lib = ctypes.CDLL(name, use_errno=True)
+        # the interpreter's own libc (dlopen(NULL)): ctypes.util.find_library runs
+        # `ldconfig -p`, milliseconds that every CLI request waiting for an answer would pay
+        lib = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(lib, "inotify_init1"):
+            from ctypes.util import find_library
+
+            lib = ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
         if not hasattr(lib, "inotify_init1"):
             raise OSError(errno.ENOSYS, "this libc has no inotify")
         lib.inotify_init1.argtypes = [ctypes.c_int]

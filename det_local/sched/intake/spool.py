@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,7 @@ def submit(paths: Paths, op: str, payload: dict[str, Any], durable: bool = True)
     once the request is committed in the store, so nothing was promised before that point (a
     requester that gives up waiting calls `make_durable` before saying the request is queued)."""
     paths.queue.mkdir(parents=True, exist_ok=True)
-    req_id = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(4)}"
+    req_id = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}"  # as secrets.token_hex
     body = msgpack.packb(
         {"op": op, "user": user_name(os.geteuid()), "payload": payload}, use_bin_type=True
     )
