@@ -246,9 +246,7 @@ def _plan(paths: Paths, job: Any, argv: list[str]) -> LaunchPlan:
     )
 
 
-def _supervisor(
-    paths: Paths, store: Store, exits: list[Exit], cgroups: str = "off"
-) -> Supervisor:
+def _supervisor(paths: Paths, store: Store, exits: list[Exit], cgroups: str = "off") -> Supervisor:
     launcher = LocalLauncher(paths, slots.discover(), cgroups, lambda m, **_: None)
     launcher.start()
     return Supervisor(launcher, store.jobs, note=lambda m, **_: None, on_exit=exits.append)
