@@ -66,6 +66,8 @@ class Messages:
         peer.free, peer.total, peer.kind = msg["free"], msg["total"], msg["kind"]
         peer.digest = msg["digest"]
         peer.lend = bool(msg.get("lend", True))
+        if before[3] != peer.lend:
+            self.fed.gangs.lending_changed(link.node)  # what it refused may be offered again
         if before[1:] != (peer.total, peer.kind, peer.lend) or peer.free > before[0]:
             self.fed.gangs.peers_changed()  # what waits for machines (or free slots) may go
 
@@ -115,8 +117,11 @@ class Messages:
             else:
                 self.fed.view.log(line)
             if rid is not None:
+                reply = {"t": "reply", "id": rid, "error": str(err)[:1000]}
+                if isinstance(err, LendRefused):  # the owner offers that job here no more
+                    reply["policy"] = True
                 with contextlib.suppress(Exception):
-                    link.session.send_now({"t": "reply", "id": rid, "error": str(err)[:1000]})
+                    link.session.send_now(reply)
         except (OSError, ConnectionError):
             pass
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:

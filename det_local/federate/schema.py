@@ -87,7 +87,8 @@ SCHEMAS: dict[str, dict[str, tuple[Check, bool]]] = {
         "what": (lambda v: v in ("jobs", "slots"), True),
         "all": (_bool, False),
     },
-    "reply": {"id": (_ID, True), "error": (_str(1000), False)},
+    # policy: the error is the lender's lending policy (`lending.LendRefused`): refused for good
+    "reply": {"id": (_ID, True), "error": (_str(1000), False), "policy": (_bool, False)},
     "error": {"error": (_str(1000), True), "id": (_ID, False)},
 }
 

@@ -23,6 +23,7 @@ import os
 import pwd
 import time
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 OFFLOAD_BACKOFF_S = 10.0  # a trial a peer could not take is not offered to peers again before
 OFFLOAD_BACKOFF_MAX_S = 300.0  # ... doubled at each time it comes back, up to this
+OFFLOAD_SCAN = 1000  # how far into the queue a pass looks for jobs that may run anywhere
 UNCLAIMED_S = REATTACH_S + 5.0
 
 
@@ -82,15 +84,13 @@ class GangShares:
 
     def _may_go(self) -> Iterator[JobRecord]:
         """Jobs that may run anywhere (`jobs.anywhere`), wait here for slots, and may be
-        offered to peers now."""
+        offered to peers now: among the first OFFLOAD_SCAN queued, in the queue's order (not
+        only those the policy read: on a full machine it stops at the first that waits)."""
         engine = self.engine
         now = time.monotonic()
-        for job_id in list(engine.queue.waiting):
-            if job_id in engine.queue.hold_back or self.stay_until.get(job_id, 0.0) > now:
-                continue
-            try:
-                job = engine.store.jobs.peek(job_id)
-            except DetLocalError:
+        queued = engine.store.jobs.scheduling_view().queued_in_order()
+        for job in list(islice(queued, OFFLOAD_SCAN)):
+            if job.id in engine.queue.hold_back or self.stay_until.get(job.id, 0.0) > now:
                 continue
             if job.state == QUEUED and job.anywhere and job.gang is None and job.slots_needed:
                 yield job
@@ -109,7 +109,7 @@ class GangShares:
         moved = False
         for job in self._may_go():
             size = job.slots_needed
-            node = self.placer.idle_peer(size)
+            node = self.placer.idle_peer(size, job.id)
             if node is None:
                 continue
             self.stay_until.pop(job.id, None)

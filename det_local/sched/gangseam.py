@@ -78,8 +78,9 @@ class Placer(Protocol):
     def abort_job(self, job: JobRecord, why: str) -> None:
         """Stop whatever runs of this node's job on other nodes (a command sent whole)."""
 
-    def idle_peer(self, slots: int) -> str | None:
-        """A live peer that lends and has `slots` free now (the most free first), or None."""
+    def idle_peer(self, slots: int, job_id: int | None = None) -> str | None:
+        """A live peer that lends and has `slots` free now (the most free first) and has not
+        refused job `job_id` for good, or None."""
 
 
 class GangHost(Protocol):

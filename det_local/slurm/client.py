@@ -1,6 +1,10 @@
 """Slurm's commands, as det-local uses them: sbatch, squeue, scontrol, scancel.
 
-Each runs with a bound (``TIMEOUT_S``) and its failure becomes one line. Job states come from
+Each runs with a bound (``TIMEOUT_S``) in a session of its own, and its failure becomes one
+line; past the bound its whole process group is killed (:func:`_bounded`: runuser, the command
+and whatever it started; a hanging sbatch leaves nothing behind). None runs on the engine's
+event loop: the poller and the submissions have threads of their own, and the check at
+submission runs in one too (`slurm/submit.py`). Job states come from
 one batched ``squeue`` call for every job det-local watches (:class:`Poller`), at most every
 ``interval`` seconds, backing off while nothing changes; a job squeue no longer lists is read
 once with ``scontrol show job`` (its state and exit code, kept by Slurm for MinJobAge).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -89,23 +94,54 @@ def run(
     argv = [tool(argv[0]), *argv[1:]]
     if uid is not None and os.geteuid() == 0 and uid != 0:
         argv = [tool("runuser"), "-u", pwd.getpwuid(uid).pw_name, "--", *argv]
-    try:
-        done = subprocess.run(
-            argv,
-            input=stdin,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise Unreachable(f"{argv[0]} did not answer in {timeout:.0f}s") from None
+    done = _bounded(argv, stdin, env, timeout)
     if done.returncode != 0:
         name = os.path.basename(argv[4] if argv[0].endswith("runuser") else argv[0])
         said = _one_line(done.stderr or done.stdout)
         raise (Unreachable if transient(said) else TrialError)(f"{name} failed: {said}")
     return done.stdout
+
+
+def _bounded(
+    argv: list[str], stdin: str | None, env: dict[str, str] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a session of its own; past ``timeout`` its whole process group is
+    killed (runuser, the Slurm command, and whatever they started: nothing is left behind)
+    and :class:`Unreachable` says so."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise Unreachable(f"{argv[0]} did not answer in {timeout:.0f}s") from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL every process of ``proc``'s group (its leader's session), then reap the leader
+    and close its pipes (a process that left the group and holds them is not waited for)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
 
 
 def job_env(plan_env: dict[str, str]) -> dict[str, str]:

@@ -7,22 +7,91 @@ run there is refused in one line at once, not after it waited in Slurm's queue:
   (``shared_paths``; unset: every path);
 * Slurm would accept the job: ``sbatch --test-only`` with the pool's partition, account, qos,
   gres and sbatch_args (a partition Slurm does not have is Slurm's own error, in one line).
-  When Slurm's controller does not answer just then (within CHECK_TIMEOUT_S: the check runs in
-  the request's handler, on the engine's loop), the check is skipped: the trial's own
-  submission is tried again (`submitter.py`) and says what Slurm refused, if anything.
+  When Slurm's controller does not answer just then (within CHECK_TIMEOUT_S), the check is
+  skipped: the trial's own submission is tried again (`submitter.py`) and says what Slurm
+  refused, if anything.
+
+The check never runs on the engine's event loop (:class:`_Check`): it runs in a thread of its
+own, and a submission the daemon's loop applies (``errors.DEFER``) that would wait for it raises
+``errors.Pending`` instead: the spool server answers that request (and its owner's later ones)
+when the check has ended, and serves everyone else meanwhile. A check's answer serves every
+submission of the same shape (the same ``sbatch --test-only`` line) for CHECK_FRESH_S, so a
+burst of submissions while slurmctld is down costs one check, not one each. An offline or
+embedded engine's one request waits for it (bounded by CHECK_TIMEOUT_S).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from det_local.errors import ConfigError, TrialError
+from det_local.errors import DEFER, ConfigError, Pending, TrialError
 from det_local.slurm import client
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape
 
 CHECK_TIMEOUT_S = 3.0  # `sbatch --test-only` at submission: a live controller answers in ms
+CHECK_FRESH_S = 10.0  # a check's answer serves the submissions of the same shape this long
+
+
+class _Check:
+    """One ``sbatch --test-only`` line, run in a thread: Slurm's refusal (its line), or
+    nothing (accepted, or the controller did not answer: skipped)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.refusal: str | None = None
+        self.ended_at: float | None = None  # monotonic, once it has ended
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(argv,), name="slurm-check", daemon=True).start()
+
+    def _run(self, argv: list[str]) -> None:
+        try:
+            client.run(argv, timeout=CHECK_TIMEOUT_S)
+        except client.Unreachable:
+            pass  # slurmctld does not answer just now: the trial's own sbatch is tried again
+        except TrialError as err:
+            self.refusal = str(err)
+        except Exception:  # noqa: BLE001 - never leave a submission waiting for it
+            pass
+        with self._lock:
+            self.ended_at = time.monotonic()
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+
+_checks: dict[tuple[str, ...], _Check] = {}
+_checks_lock = threading.Lock()
+
+
+def _check_of(argv: list[str]) -> _Check:
+    """The check of this line under way, or ended less than CHECK_FRESH_S ago; else a new one
+    (the ones gone stale are forgotten at the same time)."""
+    now = time.monotonic()
+    with _checks_lock:
+        for key, old in list(_checks.items()):
+            if old.ended_at is not None and now - old.ended_at > CHECK_FRESH_S:
+                del _checks[key]
+        check = _checks.get(tuple(argv))
+        if check is None:
+            check = _checks[tuple(argv)] = _Check(argv)
+        return check
 
 
 def _under(path: Path, roots: tuple[str, ...]) -> bool:
@@ -89,14 +158,13 @@ def check_slurm(pool: SlurmPool, slots: int, field: str = "resources.resource_po
         *pool.sbatch_args,
         "--wrap=true",
     ]
-    try:
-        # on the engine's loop (a request handler): bounded short; a controller that does not
-        # answer in time (sbatch itself tries ~9 s) is skipped, as when it is down
-        client.run(argv, timeout=CHECK_TIMEOUT_S)
-    except client.Unreachable:
-        return  # slurmctld does not answer just now: the trial's own sbatch is tried again
-    except TrialError as err:
+    check = _check_of(argv)
+    if check.ended_at is None:
+        if DEFER.get():  # the engine's loop: never wait there; asked again once it has ended
+            raise Pending(f"{where}: sbatch --test-only", check.on_ready)
+        check.wait()  # bounded: CHECK_TIMEOUT_S
+    if check.refusal is not None:
         raise ConfigError(
             f"{field}: {where} (partition {pool.partition}): Slurm refuses its "
-            f"jobs: {err}; check resource_pools.{pool.name}.slurm in daemon.yaml"
-        ) from None
+            f"jobs: {check.refusal}; check resource_pools.{pool.name}.slurm in daemon.yaml"
+        )

@@ -246,8 +246,8 @@ def _plan(paths: Paths, job: Any, argv: list[str]) -> LaunchPlan:
     )
 
 
-def _supervisor(paths: Paths, store: Store, exits: list[Exit]) -> Supervisor:
-    launcher = LocalLauncher(paths, slots.discover(), "off", lambda m, **_: None)
+def _supervisor(paths: Paths, store: Store, exits: list[Exit], cgroups: str = "off") -> Supervisor:
+    launcher = LocalLauncher(paths, slots.discover(), cgroups, lambda m, **_: None)
     launcher.start()
     return Supervisor(launcher, store.jobs, note=lambda m, **_: None, on_exit=exits.append)
 
@@ -298,6 +298,57 @@ def test_supervisor_terminates_then_kills(supervised: Any) -> None:
 
     asyncio.run(main())
     assert exits[0].code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+@pytest.mark.parametrize("cgroups", ["off", "v2"])
+def test_a_terminated_runs_delayed_kill_spares_the_next_run_of_its_job(
+    supervised: Any, cgroups: str
+) -> None:
+    """Issue 34 item 2: a run SIGTERMed and gone within the grace period, its job started again
+    under the same job id (a requeued trial): the old run's SIGKILL, due at the end of the
+    grace period, must not reach the new run (it looked the job id up and SIGKILLed the new
+    run's cgroup). With cgroups where the machine has them (a daemon's default), and without."""
+    paths, store = supervised
+    exits: list[Exit] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sup = _supervisor(paths, store, exits, cgroups)
+        if cgroups != "off" and sup.launcher.containment.mode == "off":  # type: ignore[attr-defined]
+            pytest.skip(f"no cgroups here: {sup.launcher.containment.why}")  # type: ignore[attr-defined]
+        sup.loop = loop
+        sup.kill_grace = 1.0
+        job = _job(store, [])
+        ready = paths.home / "first-runs"  # once it runs its own code (SIGTERM ends it)
+        first = sup.spawn(job, _plan(paths, job, ["sh", "-c", f"touch {ready}; exec sleep 60"]))
+        for _ in range(1000):  # bounded: 10 s
+            if ready.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert ready.exists(), "the first run never started"
+        sup.terminate(job.id, first.pid)
+        deadline = loop.time() + sup.kill_grace
+        # fires after the old run's SIGKILL timer: both are due, in order of their times
+        past_grace = loop.create_future()
+        loop.call_later(sup.kill_grace + 0.05, past_grace.set_result, None)
+        while not exits:  # the first run ends on SIGTERM and is reaped
+            await asyncio.sleep(0.01)
+        assert exits[0].code in (-signal.SIGTERM, 128 + signal.SIGTERM)
+        store.jobs.requeue(job.id)
+        store.jobs.allocate(job.id, [], 2)
+        second = sup.spawn(job, _plan(paths, job, ["sh", "-c", "exec sleep 60"]))
+        assert loop.time() < deadline, "the second run started after the grace period"
+        await past_grace
+        assert not _zombie(second.pid) and job.id in sup and len(exits) == 1, (
+            "the first run's delayed SIGKILL reached the second run of its job"
+        )
+        sup.terminate(job.id, second.pid)
+        while len(exits) < 2:
+            await asyncio.sleep(0.01)
+        sup.launcher.stop()
+
+    asyncio.run(main())
+    assert exits[1].code in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def test_supervisor_adopts_a_live_run_after_a_restart(supervised: Any) -> None:

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from det_local.errors import DetLocalError
-from det_local.federate.gangs.state import ANYWHERE_WAIT_S, HOLD_S, GangBook, OwnerGang, Share
+from det_local.federate.gangs.state import (
+    ANYWHERE_WAIT_S,
+    HOLD_S,
+    GangBook,
+    OwnerGang,
+    PeerRefused,
+    Share,
+)
 from det_local.sched.gangseam import GangFit, owner_key, share_key
 from det_local.sched.run.rendezvous import Rendezvous, interface_of
 from det_local.store.states import JobKind
@@ -53,10 +60,11 @@ class Placement:
             "use a multiple that fits, or wait for more machines (`det-local cluster status`)"
         )
 
-    def idle_peer(self, slots: int) -> str | None:
+    def idle_peer(self, slots: int, job_id: int | None = None) -> str | None:
         """A live peer that lends and has `slots` free now, less what gangs being placed here
-        asked of it (the most free first), or None."""
+        asked of it (the most free first), and has not refused job `job_id` for good; or None."""
         _free, _total, kind = self.view.slots()
+        refused = self.book.refused.get(job_id, set()) if job_id is not None else set()
         asked: dict[str, int] = {}
         for og in self.book.owned.values():
             if og.state == "reserving":
@@ -65,7 +73,7 @@ class Placement:
         best: tuple[int, str] | None = None
         for node, peer in self.book.live().items():
             free = peer.free - asked.get(node, 0)
-            able = peer.kind == kind and peer.lend and free >= slots
+            able = peer.kind == kind and peer.lend and free >= slots and node not in refused
             if able and (best is None or (free, node) > best):
                 best = (free, node)
         return None if best is None else best[1]
@@ -196,6 +204,8 @@ class Placement:
             if permanent and not og.anywhere:
                 self.view.gang_failed(og.job_id, why.replace(" [permanent]", ""))
             else:
+                if permanent:  # sent whole to a peer whose policy refused it: not again
+                    self.book.refused_for_good(og)
                 self.unplaced(og, why.replace(" [permanent]", ""))
             return
         self._maybe_commit(og)
@@ -203,7 +213,13 @@ class Placement:
     async def _reserve(self, og: OwnerGang, node: str, packed: Any, msg: dict[str, Any]) -> None:
         # the peer checks the reserve first (who, what); a context it lacks it then asks for,
         # and accepts from this node only (federate/shipments.py)
-        if await self.book.request(node, msg) == "context" and packed is not None:
+        try:
+            answer = await self.book.request(node, msg)
+        except PeerRefused as err:  # the peer's refusal: nothing of the gang is held there
+            og.shares[node].refused = True
+            og.shares[node].by_policy = err.policy
+            raise
+        if answer == "context" and packed is not None:
             from det_local.federate.blobs import send_context
 
             async def send(m: dict[str, Any]) -> None:

@@ -37,8 +37,8 @@ class Gangs:
     def fit(self, slots: int) -> GangFit:
         return self.placement.fit(slots)
 
-    def idle_peer(self, slots: int) -> str | None:
-        return self.placement.idle_peer(slots)
+    def idle_peer(self, slots: int, job_id: int | None = None) -> str | None:
+        return self.placement.idle_peer(slots, job_id)
 
     def share_started(self, job: JobRecord) -> None:
         self.placement.share_started(job)
@@ -74,7 +74,11 @@ class Gangs:
         self.placement.peers_changed()
 
     def peer_attached(self, node: str) -> None:
+        self.book.forget_refusals(node)
         self.faults.peer_attached(node)
+
+    def lending_changed(self, node: str) -> None:
+        self.book.forget_refusals(node)
 
     def tick(self) -> None:
         self.faults.tick()

@@ -44,6 +44,8 @@ class Share:
     code: int | None = None
     confirmed: bool = True  # False after this daemon restarted, until its node says it runs
     asked: float | None = None  # since when its node (back again) is asked whether it runs
+    refused: bool = False  # its node answered the reserve with a refusal: nothing held there
+    by_policy: bool = False  # ... by its lending policy (`lending.LendRefused`): for good
 
 
 @dataclass
@@ -89,6 +91,15 @@ class MemberGang:
     backlog: list[tuple[dict[str, Any], asyncio.Future[Any] | None]] = field(default_factory=list)
 
 
+class PeerRefused(DetLocalError):
+    """A peer answered a request with an error (one line); ``policy``: its lending policy
+    refused it, for good."""
+
+    def __init__(self, line: str, policy: bool = False) -> None:
+        super().__init__(line)
+        self.policy = policy
+
+
 class GangsHost(Protocol):
     """What the gangs use of their federation service (`federate/service.py`): this node, its
     peers, the lending policy, and a way to ask a peer and to run a task on the loop."""
@@ -117,6 +128,10 @@ class GangBook:
         # once its link is up; (gang, run) -> why, for its `share` question
         self.lost_reports: dict[str, list[dict[str, Any]]] = {}
         self.died: dict[tuple[str, int], str] = {}
+        # jobs that may run anywhere which a peer's lending policy refused (root's work, a user
+        # or machine it does not lend to): job id -> those peers; not offered to them again
+        # until the peer's link comes up again or its lending switches (`forget_refusals`)
+        self.refused: dict[int, set[str]] = {}
 
     @property
     def node(self) -> str:
@@ -157,10 +172,10 @@ class GangBook:
         return True
 
     async def request(self, node: str, msg: dict[str, Any], timeout: float = REQUEST_S) -> Any:
-        """Send a request and wait for its reply's value; DetLocalError with the peer's line."""
+        """Send a request and wait for its reply's value; PeerRefused with the peer's line."""
         answer = await self.fed.request(node, msg, timeout)
         if answer.get("error"):
-            raise DetLocalError(f"{node}: {answer['error']}")
+            raise PeerRefused(f"{node}: {answer['error']}", answer.get("policy") is True)
         return answer.get("value")
 
     def dist_secret(self, gang: str, run: int) -> str:
@@ -170,8 +185,22 @@ class GangBook:
     # ---------------------------------------------------------------- owned gangs
     def abort_members(self, og: OwnerGang, why: str) -> None:
         for s in og.shares.values():
-            if not s.exited:
+            if not s.exited and not s.refused:  # a node that refused holds nothing of it
                 self.send(s.node, {"t": "abort", "gang": og.gang, "run": og.run, "why": why})
+
+    def refused_for_good(self, og: OwnerGang) -> None:
+        """The peers that refused `og`'s reserve for good are not offered its job again (the
+        entries of jobs no longer waiting here go at the same time)."""
+        waiting = {j.id for j in self.view.active_jobs()}
+        self.refused = {j: n for j, n in self.refused.items() if j in waiting}
+        nodes = {s.node for s in og.shares.values() if s.by_policy}
+        self.refused.setdefault(og.job_id, set()).update(nodes)
+
+    def forget_refusals(self, node: str) -> None:
+        """Something changed at `node` (a new link: its daemon restarted, maybe with another
+        policy; its lending switched): what it refused for good may be offered to it again."""
+        for nodes in self.refused.values():
+            nodes.discard(node)
 
     def forget_owned(self, og: OwnerGang) -> None:
         if og.timer is not None:

@@ -35,6 +35,9 @@ class Backlog:
     _turns: deque[int] = field(default_factory=deque)  # owners with names, in serving order
     _count: dict[int, int] = field(default_factory=dict)  # uid -> its pending names
     listings: int = 0  # how many times the directory was listed (for tests and diagnosis)
+    # owners whose first request waits for a check off the loop (`errors.Pending`): not served
+    # until it has ended (their order is kept; everyone else is served meanwhile)
+    held: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.owner)
@@ -81,9 +84,15 @@ class Backlog:
         return refused
 
     def take(self) -> tuple[str, int] | None:
-        """The next request to serve: the oldest of the owner whose turn it is."""
-        while self._turns:
+        """The next request to serve: the oldest of the owner whose turn it is (an owner
+        held meanwhile keeps its turn for later)."""
+        skipped = 0
+        while len(self._turns) > skipped:
             uid = self._turns.popleft()
+            if uid in self.held:
+                self._turns.append(uid)
+                skipped += 1
+                continue
             heap = self._heaps[uid]
             name = None
             while heap:

@@ -5,7 +5,8 @@
 request is turned into its answer: ``{"value": ...}``, or ``{"error": one line}`` for an
 unknown op, a refused or malformed request or a handler's error. An error of the machine rather
 than of the request (a full disk, a locked database) is raised instead: the request stays in
-the spool and is tried again (`sched/intake/spoolserver.py`).
+the spool and is tried again (`sched/intake/spoolserver.py`); so is ``errors.Pending`` (a check
+that must not wait on the loop: the request is applied again when it has ended).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import errno
 import sqlite3
 from typing import Any
 
-from det_local.errors import DetLocalError
+from det_local.errors import DetLocalError, Pending
 from det_local.sched.intake import lifecycle
 from det_local.sched.intake.handlers import HANDLERS, Controls
 from det_local.sched.intake.spool import Request
@@ -41,6 +42,8 @@ def apply_request(controls: Controls, req: Request) -> dict[str, Any]:
         return {"error": f"unknown request '{req.op}' in {req.path.name}"}
     try:
         return {"value": handler(controls, req)}
+    except Pending:
+        raise  # not an answer: the request is applied again once what it waits for has ended
     except DetLocalError as err:
         return {"error": str(err)}
     except (KeyError, TypeError, ValueError, AttributeError) as err:

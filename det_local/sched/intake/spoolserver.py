@@ -13,6 +13,7 @@ once per burst per user.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 import time
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
+from det_local.errors import DEFER, Pending
 from det_local.sched.intake import spool
 from det_local.sched.intake.backlog import Backlog, Bursts
 from det_local.sched.intake.spool import Request, SpoolError
@@ -214,6 +216,10 @@ class SpoolServer:
             path = self.paths.queue / name
             try:
                 self._process_request(path, uid)
+            except Pending as wait:  # e.g. a Slurm pool's check, off the loop: again after it
+                backlog.put_back(name, uid)
+                backlog.held.add(uid)
+                wait.on_ready(functools.partial(self._resume, uid))
             except Exception as err:
                 backlog.put_back(name, uid)
                 why = f"could not apply request {name} ({type(err).__name__}: {err})"
@@ -241,6 +247,21 @@ class SpoolServer:
             )
             self._log_burst(("cap", uid), f"refused request {name} from {user}: {message}")
             self._answer_and_remove(self.paths.queue / name, {"error": message})
+
+    def _resume(self, uid: int) -> None:
+        """What `uid`'s first request waited for has ended (called from any thread): serve
+        it, and the owner's later ones, again."""
+        loop = self.loop
+
+        def resume() -> None:
+            self.backlog.held.discard(uid)
+            self.serve(())
+
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(resume)
+            except RuntimeError:  # the loop closed meanwhile: the next engine serves it
+                pass
 
     def _more(self) -> None:
         if self._more_due or self.loop is None:
@@ -307,7 +328,14 @@ class SpoolServer:
             return
         done = self.store.jobs.request_result(req.id)
         # applied before a crash: answer again from the store, do not apply twice
-        answer = self.apply_and_record(req) if done is None else done
+        if done is None:
+            token = DEFER.set(True)  # a slow check raises Pending rather than wait here
+            try:
+                answer = self.apply_and_record(req)
+            finally:
+                DEFER.reset(token)
+        else:
+            answer = done
         # e.g. a full disk: OSError, and the request stays, to be answered later (from the store)
         spool.respond(self.paths, req.id, req.uid, answer)
         self._remove_request(path)

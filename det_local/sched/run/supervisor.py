@@ -161,19 +161,26 @@ class Supervisor:
         self.launcher.signal(self.procs.get(job_id), pid, sig)
 
     def terminate(self, job_id: int, pid: int | None) -> None:
-        """SIGTERM the job (its cgroup, else its group), then SIGKILL after the grace period
-        if it is still there."""
-        if not pid and job_id not in self.procs:
+        """SIGTERM the job's run (its cgroup, else its group), then SIGKILL after the grace
+        period if that same run is still there.
+
+        The SIGKILL is bound to the run signalled now (its handle), never to the job id: a
+        run that ends within the grace period and whose job is started again (a requeued
+        trial, a gang share re-run under the same job) leaves the new run alone."""
+        proc = self.procs.get(job_id)
+        if not pid and proc is None:
             return  # None, or 0: a run without a process (a gang owner that runs no ranks)
         self.signal(job_id, pid, signal.SIGTERM)
+        if proc is None:
+            return  # not watched: nothing of it to follow up
         assert self.loop is not None
+        self.loop.call_later(self.kill_grace, self._kill_if_live, proc, pid)
 
-        def finish() -> None:
-            proc = self.procs.get(job_id)
-            if proc is not None:
-                self.launcher.signal(proc, pid, signal.SIGKILL)
-
-        self.loop.call_later(self.kill_grace, finish)
+    def _kill_if_live(self, proc: RunHandle, pid: int | None) -> None:
+        """The grace period of a terminated run is over: SIGKILL it if it is still the live
+        run of its job (not reaped yet); a later run of the same job is another handle."""
+        if self.procs.get(proc.job_id) is proc:
+            self.launcher.signal(proc, pid, signal.SIGKILL)
 
     def queued(self, job_id: int) -> str | None:
         """Where the job's run waits when it has not started yet (a pool's job still in its

@@ -97,3 +97,33 @@ def test_an_anywhere_job_a_peer_refused_is_offered_again_when_its_wait_ends(
     with db(n1) as conn:
         ended = conn.execute("SELECT ended_at FROM jobs WHERE id=?", (job_id,)).fetchone()[0]
     assert ended - second >= 19.0, (second, ended)  # 20 s
+
+
+def test_an_anywhere_job_a_peer_refuses_for_good_leaves_the_spill_path_to_the_jobs_behind(
+    net: Net,
+    tmp_path: Path,
+) -> None:
+    """Issue 34 item 8: root's `cmd run --anywhere` (a lender never runs root's work: refused
+    "[permanent]") waits here for this machine's slot, and is not offered to that peer again;
+    an ordinary user's anywhere command queued behind it goes to the idle peer. The peer is
+    never sent an abort for the gang it refused (it logged "refused abort ...: unknown gang")."""
+    n1, n2 = two_nodes(net, DET_LOCAL_CPU_SLOTS="2")
+    assert n1.cli("cmd", "run", "--name", "busy", "--", "sleep", "300").returncode == 0
+    res = n1.cli("cmd", "run", "--anywhere", "--", "sh", "-c", "exit 5", user="root")
+    assert res.returncode == 0, res.stderr
+    root_job = int(res.stdout.split()[-1])
+    refused = "root never runs work from other machines"
+    back = f"command {root_job} waits here again: "
+    wait_for(lambda: back in n1.log_text(), timeout=60, what="root's command refused by n2")
+    assert refused in n1.log_text().split(back, 1)[1].splitlines()[0]
+    work = tmp_path / "work"
+    work.mkdir()
+    # it runs on n2 for longer than root's command's first wait (10 s), with a slot of n2
+    # still free: root's command offered again would be refused again meanwhile
+    job_id = run_anywhere(n1, work, "sh", "-c", "sleep 14; exit 3")
+    wait_for(lambda: job_row(n1, job_id)[0] == "DONE", timeout=90, what="the command on n2")
+    state, code, message = job_row(n1, job_id)
+    assert code == 3 and message is not None and "on n2" in message, (code, message)
+    assert job_row(n1, root_job)[0] == "QUEUED"
+    assert n1.log_text().count(back) == 1, n1.log_text()
+    assert "refused abort from" not in n2.log_text(), n2.log_text()
