@@ -22,8 +22,12 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   sessions; a session frame is at most ``rpc.SESSION_MAX_FRAME`` bytes, and a uid reads at most
   ``LARGE_READS_PER_UID`` frames over ``LARGE_FRAME`` bytes at a time (the others wait, unread, in
   their sockets); every frame is decoded within its budget (``wire/budget.py``: TRIAL_HELLO,
-  TRIAL_SESSION), found over it before anything is built (one line back to the sender, one
-  rate-limited line in the log), and a frame over ``LARGE_FRAME`` is decoded off the event loop;
+  TRIAL_SESSION: bytes, values, maps and arrays, nesting), found over it before anything is built
+  (one line back to the sender, one rate-limited line in the log, the session closed); a frame
+  over ``LARGE_FRAME`` is decoded off the event loop, one such frame at a time for the whole
+  daemon (a frame within TRIAL_SESSION decodes to at most ~15 MB, so three users' frames in
+  flight cost their bytes and one decode); a frame whose fields its handler cannot read
+  (malformed) is refused the same way and closes its session;
   replies wait for the client to read (drain) and a client whose unread replies pile up past
   ``WRITE_MAX`` is dropped.
 """
@@ -97,6 +101,7 @@ class SocketState:
     pending: Counter[int] = field(default_factory=Counter)
     sessions: Counter[int] = field(default_factory=Counter)
     large_reads: dict[int, asyncio.Semaphore] = field(default_factory=dict)
+    decoding: asyncio.Lock = field(default_factory=asyncio.Lock)  # one large decode at a time
     # (uid, what) -> (minute's start, lines logged, lines left out)
     notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
     warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
@@ -116,27 +121,37 @@ class FrameTooLarge(Exception):
 
 
 async def _read_frame(
-    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None, budget: Budget
+    reader: asyncio.StreamReader,
+    limit: int,
+    large: asyncio.Semaphore | None,
+    budget: Budget,
+    decoding: asyncio.Lock | None = None,
 ) -> dict[str, Any]:
     """One frame, decoded within `budget` (rpc.FrameError naming the limit otherwise). A large
-    frame is read while holding one of its uid's large-read slots and decoded off the event
-    loop (a refused one costs milliseconds either way: wire/budget.py stops at the limit)."""
+    frame is read while holding one of its uid's large-read slots (into one buffer, a chunk at
+    a time: its bytes are held once) and decoded off the event loop, one at a time for the
+    whole daemon when ``decoding`` is given (a refused one costs its bytes and the scan up to
+    the limit: wire/budget.py stops there)."""
     (size,) = rpc.HEADER.unpack(await reader.readexactly(rpc.HEADER.size))
     if size > limit:
         raise FrameTooLarge(size, limit)
     if large is not None and size > LARGE_FRAME:
         async with large:
             # its first bytes first: a bomb shows itself there, and the rest is never read
-            head = await reader.readexactly(PEEK_BYTES)
+            body = bytearray(await reader.readexactly(PEEK_BYTES))
             try:
-                wire.scan(head, budget, total=size)
+                wire.scan(body, budget, total=size)
             except wire.Refused as err:
                 raise rpc.FrameError(f"frame refused: {err}") from None
-            body = head + await reader.readexactly(size - PEEK_BYTES)
+            while len(body) < size:
+                body += await reader.readexactly(min(PEEK_BYTES, size - len(body)))
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, rpc.unpack, body, budget)
-    body = await reader.readexactly(size)
-    return rpc.unpack(body, budget)
+            if decoding is None:
+                return await loop.run_in_executor(None, rpc.unpack, body, budget)
+            async with decoding:
+                return await loop.run_in_executor(None, rpc.unpack, body, budget)
+    body_bytes = await reader.readexactly(size)
+    return rpc.unpack(body_bytes, budget)
 
 
 class Sessions(Protocol):
@@ -268,7 +283,9 @@ class TrialServer:
         try:
             large = st.large(uid)
             while True:
-                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION)
+                msg = await _read_frame(
+                    reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION, st.decoding
+                )
                 if not self.sessions.is_live(run):
                     if msg.get("t") == "bye":  # a goodbye after its run ended (core_v2's
                         # close: `end`, then bye): nothing refused, nothing to log
@@ -280,7 +297,8 @@ class TrialServer:
                     if "id" in msg:
                         send(writer, {"t": "reply", "id": msg["id"], "error": why})
                     return
-                self._handle(run, msg, writer, uid)
+                if not self._handle(run, msg, writer, uid):
+                    return  # malformed: refused (told and logged), closed
                 if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
@@ -394,9 +412,11 @@ class TrialServer:
 
     def _handle(
         self, run: TrialRun, msg: dict[str, Any], writer: asyncio.StreamWriter, uid: int
-    ) -> None:
+    ) -> bool:
         """One frame of a session: its handler's value or one-line error as the reply (when
-        the frame asks for one); refusals and malformed frames are logged."""
+        the frame asks for one); refusals are logged. False for a malformed frame (a field its
+        handler cannot read): refused in one line (logged, and sent as ``refused``), and the
+        session is to be closed, as for a frame over its budget."""
         kind = msg.get("t")
         value: Any = None
         error: str | None = None
@@ -405,7 +425,7 @@ class TrialServer:
             if isinstance(value, asyncio.Future):  # relayed to the trial's owner: answered later
                 if "id" in msg:
                     value.add_done_callback(lambda f: _reply_later(f, msg["id"], writer))
-                return
+                return True
         except Refused as err:
             error = str(err)
             self.refuse(uid, run, kind_of(msg), error)
@@ -413,7 +433,10 @@ class TrialServer:
             error = str(err)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             error = f"malformed {str(kind)[:40]!r} message ({type(err).__name__}: {err})"[:300]
-            self.refuse(uid, run, kind_of(msg), error)
+            why = f"frame refused: {error}; closed"
+            self.refuse(uid, run, "frame", why)
+            send(writer, {"t": "refused", "error": why})
+            return False
         if "id" in msg:
             reply: dict[str, Any] = {"t": "reply", "id": msg["id"]}
             if error is not None:
@@ -421,6 +444,7 @@ class TrialServer:
             else:
                 reply["value"] = value
             send(writer, reply)
+        return True
 
 
 def _reply_later(fut: asyncio.Future[Any], msg_id: Any, writer: asyncio.StreamWriter) -> None:
