@@ -72,6 +72,6 @@ def test_a_request_over_the_limit_is_refused_before_sending() -> None:
         s._send_frame({"t": "checkpoint", "resources": files})
     assert str(info.value) == (
         "'checkpoint' message is over the det-local daemon's budget: a map of 100,001 keys is "
-        "over the limit of 100,000 (at byte 23) (a checkpoint of too many files, or metadata "
+        "over the limit of 100,000 (at byte 24) (a checkpoint of too many files, or metadata "
         "too large?)"
     )
