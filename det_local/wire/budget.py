@@ -401,7 +401,7 @@ def _walk(buf: bytes | bytearray, budget: Budget, size: int) -> tuple[int, int]:
             objects += 1
             remaining -= 1
             pos, count = _header(buf, pos, size, lead, kind, budget)
-            if kind == _ARRAY or kind == _MAP:
+            if kind in (_ARRAY, _MAP):
                 containers += 1
                 if containers > max_containers:
                     raise _too_many(max_containers, pos)

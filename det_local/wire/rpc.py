@@ -80,7 +80,7 @@ def pack(msg: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def unpack(body: bytes, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
+def unpack(body: bytes | bytearray, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
     try:
         msg = decode(body, budget)
     except Refused as err:  # over budget, or not msgpack: one line naming which

@@ -8,6 +8,13 @@ replay
 after a crash answers the same without applying twice; it is answered, and only then removed
 (off the event loop). Requests over their owner's cap and unreadable ones are refused, logged
 once per burst per user.
+
+Reading a request (open, check, budgeted decode: `spool.read`) costs time in proportion to what
+its writer put in it, up to its budget (wire/budget.py: SPOOL_REQUEST), so it is done off the
+event loop: the loop takes a batch of requests in their serving order, a worker thread reads
+them (stopping after SPOOL_BATCH requests or SPOOL_BATCH_S seconds), and the loop applies what
+was read, in that order, then takes the next batch (the ones not read yet are put back first in
+their owners' turns). One batch is read at a time, so the order of service is kept.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import os
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -72,8 +80,13 @@ class SpoolServer:
         self._bursts: Bursts | None = None  # rejections logged once per burst
         self._burst_summary: Any = None
         self._burst_timer: asyncio.TimerHandle | None = None
+        self._reading = False  # a batch is being read off the loop, or applied
+        self._ready: deque[tuple[str, int, Request | SpoolError]] = deque()  # read, to apply
+        self._inflight: set[str] = set()  # the names of the batch being read or applied
+        self._stopped = False
 
     def stop(self) -> None:
+        self._stopped = True  # a batch still being read is left in the spool (the next engine's)
         if self._watch_close is not None:
             self._watch_close()
             self._watch_close = None
@@ -186,7 +199,11 @@ class SpoolServer:
 
     def _process_pending(self, names: Iterable[str] | None) -> None:
         backlog = self.backlog
-        skip = self._removing.__contains__  # answered; their files are being removed
+        inflight, removing = self._inflight, self._removing
+
+        def skip(name: str) -> bool:  # being read or applied; answered and being removed
+            return name in inflight or name in removing
+
         if names is None:
             refused = backlog.refresh(skip)
         else:
@@ -197,36 +214,85 @@ class SpoolServer:
                 refused = backlog.add(n for n in names if not skip(n))
         if refused:
             self._refuse_over_cap(refused)
-        taken = 0
+        if self._reading or self.loop is None:
+            return  # the batch being read is applied first; the rest follows it
+        batch: list[tuple[str, int]] = []
+        while len(batch) < SPOOL_BATCH and (item := backlog.take()) is not None:
+            batch.append(item)
+        if not batch:
+            self._failed = None
+            return
+        self._reading = True
+        self._inflight.update(name for name, _ in batch)
+        paths = [self.paths.queue / name for name, _ in batch]
+        future = self.loop.run_in_executor(None, _read_batch, paths)
+        future.add_done_callback(lambda f: self._apply_batch(batch, f))
+
+    def _apply_batch(
+        self, batch: list[tuple[str, int]], future: asyncio.Future[list[Request | SpoolError]]
+    ) -> None:
+        """On the loop: what the worker read is applied in order (`_apply_ready`); what it did
+        not get to is put back first in its owners' turns."""
+        if self._stopped or self.closing() or future.cancelled():
+            self._reading = False
+            self._inflight.clear()
+            return  # still in the spool: the next engine serves it
+        err = future.exception()
+        read = [] if err is not None else future.result()
+        for name, uid in batch[len(read) :]:
+            self._inflight.discard(name)
+            self.backlog.put_back(name, uid)
+        if err is not None:  # could not even open the first (EIO...): tried again shortly
+            self._reading = False
+            self._failed_once(f"could not read request {batch[0][0]} ({type(err).__name__}: {err})")
+            self._retry_later()
+            return
+        self._ready.extend((name, uid, r) for (name, uid), r in zip(batch, read, strict=False))
+        self._apply_ready()
+
+    def _apply_ready(self) -> None:
+        """Apply the requests read, in order, for at most SPOOL_BATCH_S a turn of the loop; then
+        the next batch is read."""
+        if self._stopped or self.closing():
+            self._ready.clear()
+            self._inflight.clear()
+            self._reading = False
+            return
         until = time.monotonic() + SPOOL_BATCH_S
-        while True:
-            if taken == SPOOL_BATCH or (taken and time.monotonic() > until):
-                # the rest after one turn of the event loop: jobs that ended meanwhile are
-                # reaped and their slots handed on, and requests that arrived meanwhile join
-                # the round, while a long backlog is being answered
-                self._more()
-                return
-            item = backlog.take()
-            if item is None:
-                break
-            name, uid = item
-            taken += 1
-            path = self.paths.queue / name
-            try:
-                self._process_request(path, uid)
-            except Exception as err:
-                backlog.put_back(name, uid)
-                why = f"could not apply request {name} ({type(err).__name__}: {err})"
-                if why != self._failed:  # once, not at every retry
-                    self._failed = why
-                    self.log_safely(
-                        f"{why}; it stays in {self.paths.queue} and is tried again every "
-                        f"{SPOOL_RETRY_S:.0f} s",
-                        level="ERROR",
+        with self.queue.deferred():
+            while self._ready:
+                if time.monotonic() > until:
+                    assert self.loop is not None
+                    self.loop.call_soon(self._apply_ready)  # the rest after one turn
+                    return
+                name, uid, read = self._ready.popleft()
+                try:
+                    self._process_request(self.paths.queue / name, uid, read)
+                except Exception as failure:
+                    for later, later_uid, _ in [(name, uid, read), *self._ready]:
+                        self._inflight.discard(later)
+                        self.backlog.put_back(later, later_uid)
+                    self._ready.clear()
+                    self._reading = False
+                    self._failed_once(
+                        f"could not apply request {name} ({type(failure).__name__}: {failure})"
                     )
-                self._retry_later()
-                return
-        self._failed = None
+                    self._retry_later()
+                    return
+                self._inflight.discard(name)
+            self._failed = None
+            self._reading = False
+            if self.backlog:
+                self._more()  # the next batch after one turn of the event loop
+
+    def _failed_once(self, why: str) -> None:
+        if why != self._failed:  # once, not at every retry
+            self._failed = why
+            self.log_safely(
+                f"{why}; it stays in {self.paths.queue} and is tried again every "
+                f"{SPOOL_RETRY_S:.0f} s",
+                level="ERROR",
+            )
 
     def _refuse_over_cap(self, refused: list[tuple[str, int]]) -> None:
         """Answer requests over their owner's cap with a refusal (off the event loop), and
@@ -299,12 +365,11 @@ class SpoolServer:
             assert self.loop is not None
             self._burst_timer = self.loop.call_later(SPOOL_LOG_WINDOW_S, self._flush_log)
 
-    def _process_request(self, path: Path, uid: int) -> None:
-        try:
-            req = spool.read(path)
-        except SpoolError as err:
-            self._reject(path, uid, str(err))
+    def _process_request(self, path: Path, uid: int, read: Request | SpoolError) -> None:
+        if isinstance(read, SpoolError):
+            self._reject(path, uid, str(read))
             return
+        req = read
         done = self.store.jobs.request_result(req.id)
         # applied before a crash: answer again from the store, do not apply twice
         answer = self.apply_and_record(req) if done is None else done
@@ -406,3 +471,23 @@ class SpoolServer:
         user = spool.user_name(uid)
         self._log_burst(("reject", uid), f"rejected request {path.name} from {user}: {message}")
         self._answer_and_remove(path, {"error": message})
+
+
+def _read_batch(paths: list[Path]) -> list[Request | SpoolError]:
+    """In a worker thread: each request read (or why not), in order, until SPOOL_BATCH_S
+    seconds have gone (the rest is read with the next batch). An OSError other than what
+    `spool.read` answers ends the batch there: the loop retries from that request."""
+    out: list[Request | SpoolError] = []
+    until = time.monotonic() + SPOOL_BATCH_S
+    for path in paths:
+        if out and time.monotonic() > until:
+            break
+        try:
+            out.append(spool.read(path))
+        except SpoolError as err:
+            out.append(err)
+        except OSError:
+            if not out:
+                raise
+            break  # this one and the rest: the next batch (which reports it)
+    return out
