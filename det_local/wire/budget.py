@@ -116,9 +116,9 @@ TRIAL_HELLO = Budget(
 # A session frame (rpc.SESSION_MAX_FRAME, 4 MiB). What trials send: a metric batch (the trial
 # side splits a batch to fit this budget, trial/session.py: a report is 3 containers and ~12
 # values, plus one map per batch of its batch_metrics), a checkpoint with its file list (one
-# map, {path: size}: up to ~45,000 files of 80-byte paths in 4 MiB, 100,000 files at most), an
+# map, {path: size}: up to ~45,000 files of 80-byte paths in 4 MiB, 49,000 files at most), an
 # unmanaged run's config (a few hundred maps). Everything else is a few ids. A frame within this
-# budget decodes to at most ~15 MB (measured: 200,000 two-byte strings, 20,000 maps), and the
+# budget decodes to at most ~7 MB (100,000 two-byte strings ~6 MB, 10,000 maps ~1 MB), and the
 # daemon decodes one large frame at a time (sched/sessions/trialserver.py).
 TRIAL_SESSION = Budget(
     max_bytes=4 * 1024 * 1024,
@@ -128,8 +128,8 @@ TRIAL_SESSION = Budget(
     max_map=100_000,
     max_ext=0,
     max_depth=64,
-    max_objects=200_000,
-    max_containers=20_000,
+    max_objects=100_000,
+    max_containers=10_000,
 )
 # What a trial reads from its daemon (rpc.MAX_FRAME): a trusted writer, bounded all the same.
 DAEMON_TO_TRIAL = Budget(

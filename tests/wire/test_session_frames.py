@@ -47,19 +47,19 @@ def test_metric_batches_are_split_below_the_daemons_value_and_map_budget(
     per_batch = [{"loss": 0.5, "acc": 0.25} for _ in range(1000)]  # ~1,000 maps a report
     batch = [("training", i, {"loss": 0.5}, 1.0, per_batch) for i in range(60)]
     frames = session_mod._metric_frames(batch)
-    assert len(frames) >= 3  # 60,000 maps: over the 20,000 of one frame
+    assert len(frames) >= 6  # 60,000 maps: over the 10,000 of one frame
     assert [r for part, _ in frames for r in part] == batch
     for _, data in frames:
         assert session_mod.over_budget(data) is None
         rpc.unpack(data[rpc.HEADER.size :], TRIAL_SESSION)  # what the daemon decodes
     # one report with more batch maps than any frame may hold: dropped, said once
-    huge = [("training", 7, {"loss": 0.5}, 1.0, [{"x": 1} for _ in range(25_000)])]
+    huge = [("training", 7, {"loss": 0.5}, 1.0, [{"x": 1} for _ in range(12_000)])]
     assert session_mod._metric_frames(huge) == []
     err = capsys.readouterr().err
     assert err.strip() == (
         "det-local: warning: training metrics at steps_completed=7 are over the daemon's limit "
-        f"for one frame ({rpc.SESSION_MAX_FRAME} bytes: message holds more than 20,000 maps "
-        "and arrays (at byte 80,039)); not recorded (report fewer or smaller batch_metrics)"
+        f"for one frame ({rpc.SESSION_MAX_FRAME} bytes: message holds more than 10,000 maps "
+        "and arrays (at byte 40,039)); not recorded (report fewer or smaller batch_metrics)"
     )
 
 

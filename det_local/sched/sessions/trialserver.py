@@ -25,7 +25,7 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   TRIAL_SESSION: bytes, values, maps and arrays, nesting), found over it before anything is built
   (one line back to the sender, one rate-limited line in the log, the session closed); a frame
   over ``LARGE_FRAME`` is decoded off the event loop, one such frame at a time for the whole
-  daemon (a frame within TRIAL_SESSION decodes to at most ~15 MB, so three users' frames in
+  daemon (a frame within TRIAL_SESSION decodes to at most ~7 MB, so three users' frames in
   flight cost their bytes and one decode); a frame whose fields its handler cannot read
   (malformed) is refused the same way and closes its session;
   replies wait for the client to read (drain) and a client whose unread replies pile up past
@@ -42,6 +42,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -101,7 +102,14 @@ class SocketState:
     pending: Counter[int] = field(default_factory=Counter)
     sessions: Counter[int] = field(default_factory=Counter)
     large_reads: dict[int, asyncio.Semaphore] = field(default_factory=dict)
-    decoding: asyncio.Lock = field(default_factory=asyncio.Lock)  # one large decode at a time
+    decoder: Executor | None = None  # one thread decodes the large frames, one at a time
+    # ... and one frame decoded at a time, handed to its session before the next is decoded
+    decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def decoding(self) -> tuple[Executor, asyncio.Lock]:
+        if self.decoder is None:
+            self.decoder = ThreadPoolExecutor(1, thread_name_prefix="det-local-frames")
+        return self.decoder, self.decode_lock
     # (uid, what) -> (minute's start, lines logged, lines left out)
     notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
     warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
@@ -125,13 +133,14 @@ async def _read_frame(
     limit: int,
     large: asyncio.Semaphore | None,
     budget: Budget,
-    decoding: asyncio.Lock | None = None,
+    decoder: tuple[Executor, asyncio.Lock] | None = None,
 ) -> dict[str, Any]:
     """One frame, decoded within `budget` (rpc.FrameError naming the limit otherwise). A large
     frame is read while holding one of its uid's large-read slots (into one buffer, a chunk at
-    a time: its bytes are held once) and decoded off the event loop, one at a time for the
-    whole daemon when ``decoding`` is given (a refused one costs its bytes and the scan up to
-    the limit: wire/budget.py stops there)."""
+    a time: its bytes are held once) and decoded off the event loop, by ``decoder`` when given
+    (the daemon's one thread for them: one decode at a time, and one thread's malloc arena
+    holding what they leave; a refused one costs its bytes and the scan up to the limit:
+    wire/budget.py stops there)."""
     (size,) = rpc.HEADER.unpack(await reader.readexactly(rpc.HEADER.size))
     if size > limit:
         raise FrameTooLarge(size, limit)
@@ -146,10 +155,10 @@ async def _read_frame(
             while len(body) < size:
                 body += await reader.readexactly(min(PEEK_BYTES, size - len(body)))
             loop = asyncio.get_running_loop()
-            if decoding is None:
+            if decoder is None:
                 return await loop.run_in_executor(None, rpc.unpack, body, budget)
-            async with decoding:
-                return await loop.run_in_executor(None, rpc.unpack, body, budget)
+            async with decoder[1]:
+                return await loop.run_in_executor(decoder[0], rpc.unpack, body, budget)
     body_bytes = await reader.readexactly(size)
     return rpc.unpack(body_bytes, budget)
 
@@ -198,6 +207,8 @@ class TrialServer:
         os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
 
     async def stop(self) -> None:
+        if self.state.decoder is not None:
+            self.state.decoder.shutdown(wait=False)
         if self.channel is not None:
             await self.channel.stop()
         if self.server is not None:
@@ -284,7 +295,7 @@ class TrialServer:
             large = st.large(uid)
             while True:
                 msg = await _read_frame(
-                    reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION, st.decoding
+                    reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION, st.decoding()
                 )
                 if not self.sessions.is_live(run):
                     if msg.get("t") == "bye":  # a goodbye after its run ended (core_v2's
@@ -299,6 +310,7 @@ class TrialServer:
                     return
                 if not self._handle(run, msg, writer, uid):
                     return  # malformed: refused (told and logged), closed
+                del msg  # not kept while the next frame is awaited (a large one's ~7 MB)
                 if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
