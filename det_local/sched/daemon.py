@@ -108,6 +108,7 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
         except OSError:  # the log's disk is full: the daemon goes on without it
             pass
 
+    _private_log(paths)
     engine = Engine(paths, out=log, daemon=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -149,6 +150,24 @@ async def _start_extensions(
         await service.start()
         services.append(service)
     return services
+
+
+def _private_log(paths: Paths) -> None:
+    """The daemon's log (run/daemon.log, where `daemon start` sends its output) is its owner's
+    only: it names every user's jobs with their command lines. One an earlier version left
+    world-readable (0644) is re-moded at start; a symbolic link there is not followed."""
+    try:
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a FIFO wait
+        fd = os.open(paths.run_dir / "daemon.log", flags)
+    except OSError:
+        return  # none (systemd: the journal), or a link: nothing of ours to re-mode
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _write_pid_file(paths: Paths, extra: dict[str, Any] | None = None) -> None:

@@ -44,9 +44,7 @@ def _array(items: bytes, n: int) -> bytes:
 # the issue's bomb: {"t": "best_val", "id": 1, "pad": [[{} x 99,990] x 10]}, ~1 MB and a
 # million values: within the old session budget, ~100 MB decoded
 BOMB = b"\x83\xa1t\xa8best_val\xa2id\x01\xa3pad\x9a" + _array(b"\x80" * 99_990, 99_990) * 10
-BOMB_REFUSED = (
-    "frame refused: message holds more than 10,000 maps and arrays (at byte 26); closed"
-)
+BOMB_REFUSED = "frame refused: message holds more than 10,000 maps and arrays (at byte 26); closed"
 # the costliest frame within TRIAL_SESSION: 9,990 maps and 89,990 two-byte strings (~0.28 MB:
 # a large frame, decoded off the loop), answered as best_val is
 WORST = b"\x83\xa1t\xa8best_val\xa2id\x01\xa3pad" + _array(
@@ -125,11 +123,7 @@ def _hostile_request(user: str, strings: int) -> bytes:
     """A request of `user` whose payload is 19,990 [nil] (arrays: the scan's slow path) and
     twice `strings` two-byte strings."""
     head = msgpack.packb({"op": "no_such_op", "user": user})[1:]  # the map's two entries
-    pad = (
-        b"\x93"
-        + _array(b"\x91\xc0" * 19_990, 19_990)
-        + _array(b"\xa2ab" * strings, strings) * 2
-    )
+    pad = b"\x93" + _array(b"\x91\xc0" * 19_990, 19_990) + _array(b"\xa2ab" * strings, strings) * 2
     return b"\x83" + head + b"\xa7payload\x81\xa3pad" + pad
 
 
@@ -281,10 +275,7 @@ def test_a_malformed_frame_is_refused_in_one_line_and_closes_its_session(
 ) -> None:
     bob = start_sleeping_trial(shared, B, "malformed", {"metric": "loss"})
     frames = shared.as_user(B, malformed, bob["env"])
-    why = (
-        "frame refused: malformed 'metrics' message (TypeError: reports must be a list); "
-        "closed"
-    )
+    why = "frame refused: malformed 'metrics' message (TypeError: reports must be a list); closed"
     assert frames == [{"t": "refused", "error": why}]
     log = Path(shared.paths.run_dir / "daemon.log").read_text()
     assert f"trial socket: refused frame from {B} (uid" in log and why in log

@@ -110,6 +110,7 @@ class SocketState:
         if self.decoder is None:
             self.decoder = ThreadPoolExecutor(1, thread_name_prefix="det-local-frames")
         return self.decoder, self.decode_lock
+
     # (uid, what) -> (minute's start, lines logged, lines left out)
     notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
     warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
