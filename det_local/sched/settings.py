@@ -92,11 +92,16 @@ def load_settings(path: Path) -> DaemonSettings:
         return DaemonSettings()
     import yaml
 
+    from det_local.config.limits import read_config_bytes
+
     source = str(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = read_config_bytes(path, "daemon settings").decode("utf-8", errors="replace")
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {source}: {err.strerror or err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of settings")
     check_section_keys("", raw, _TOP, source)

@@ -105,15 +105,14 @@ class SocketState:
     decoder: Executor | None = None  # one thread decodes the large frames, one at a time
     # ... and one frame decoded at a time, handed to its session before the next is decoded
     decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # (uid, what) -> (minute's start, lines logged, lines left out)
+    notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
+    warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
 
     def decoding(self) -> tuple[Executor, asyncio.Lock]:
         if self.decoder is None:
             self.decoder = ThreadPoolExecutor(1, thread_name_prefix="det-local-frames")
         return self.decoder, self.decode_lock
-
-    # (uid, what) -> (minute's start, lines logged, lines left out)
-    notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
-    warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
 
     def large(self, uid: int) -> asyncio.Semaphore:
         sem = self.large_reads.get(uid)
