@@ -352,12 +352,13 @@ def test_a_node_advertises_only_the_address_it_listens_on(victim: Victim) -> Non
     """Issue 34, item 9: with `federation.listen: 127.0.0.1` the node advertised its eth0
     address, where nothing of it answers."""
     from det_local.federate.client import request
-    from det_local.federate.discovery import advertised
     from det_local.store.paths import Paths
 
     rows = request(Paths(victim.home), {"t": "peers"}, timeout=10)["peers"]
     me = next(r for r in rows if r["state"] == "self")
     assert me["address"] == f"127.0.0.1:{victim.port}"
+    from det_local.federate.discovery import advertised
+
     # a wildcard listen advertises the interfaces' addresses, a specific one only itself
     assert advertised("0.0.0.0", ["10.0.0.5", "192.168.1.2"]) == ["10.0.0.5", "192.168.1.2"]
     assert advertised("10.0.0.5", ["10.0.0.5", "192.168.1.2"]) == ["10.0.0.5"]
