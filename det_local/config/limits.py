@@ -64,6 +64,12 @@ def read_config_bytes(path: str | os.PathLike[str], what: str = "config file") -
     return data
 
 
+def read_settings_text(path: str | os.PathLike[str]) -> str:
+    """daemon.yaml's text for each of its readers (the engine, pools, federation, usage, the
+    dashboard): a regular file only, read bounded (`read_config_bytes`)."""
+    return read_config_bytes(path, "daemon settings").decode("utf-8", errors="replace")
+
+
 def too_deep(source: str, parts: Sequence[object], limit: int = MAX_DEPTH) -> ConfigError:
     return ConfigError(
         f"{short_path(parts)} in {source}: nested deeper than {limit} levels "

@@ -92,12 +92,11 @@ def load_settings(path: Path) -> DaemonSettings:
         return DaemonSettings()
     import yaml
 
-    from det_local.config.limits import read_config_bytes
+    from det_local.config.limits import read_settings_text
 
     source = str(path)
     try:
-        text = read_config_bytes(path, "daemon settings").decode("utf-8", errors="replace")
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.safe_load(read_settings_text(path)) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
     except OSError as err:
