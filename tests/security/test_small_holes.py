@@ -3,7 +3,7 @@
 A config file that is a FIFO (the CLI hung until killed), `--priority 2**70` and `--slots 10**30`
 with a daemon running ("unexpected OverflowError"), a spool request whose `cwd` holds a NUL
 (accepted; the job ended DONE with no exit code): with a real root daemon and a real user (the
-`shared` fixture). The federation's advertised address is tests/federation/test_federation_link.py's.
+`shared` fixture). The federation's advertised address: tests/federation/test_federation_link.py.
 """
 
 from __future__ import annotations
