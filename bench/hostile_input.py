@@ -351,9 +351,10 @@ def _at_once(home: str, cwd: str, calls: list[tuple[str, Any, tuple[Any, ...]]])
 
 
 def within_phases(pid: int, home: str, cwd: str, envs: dict[str, str], rounds: int) -> Any:
-    """Three users at once (THREE; VICTOR's prober goes on meanwhile): (frames) each user's two sessions send the WORST frame `rounds`
-    times, then the bomb; (spool) each user drops 20 costly requests. Each phase: the daemon's
-    RSS growth at its peak, its loop's worst second, what was answered."""
+    """Three users at once (THREE; VICTOR's prober goes on meanwhile): (frames) each user's
+    two sessions send the WORST frame `rounds` times, then the bomb; (spool) each user drops 20
+    costly requests. Each phase: the daemon's RSS growth at its peak, its loop's worst second,
+    what was answered."""
     shapes = _hostile_shapes()
     out: dict[str, Any] = {}
     w = Watch(pid, home)
