@@ -109,6 +109,10 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
             pass
 
     _private_log(paths)
+    # the loop shares the interpreter with threads that decode what users send (large trial
+    # frames, spool requests: wire/budget.py's scan is Python); each time the loop gives up
+    # the GIL (every syscall) it waits up to the switch interval to get it back: 1 ms, not 5
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     engine = Engine(paths, out=log, daemon=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,6 +154,9 @@ async def _start_extensions(
         await service.start()
         services.append(service)
     return services
+
+
+SWITCH_INTERVAL_S = 0.001
 
 
 def _private_log(paths: Paths) -> None:
