@@ -350,11 +350,13 @@ def _at_once(home: str, cwd: str, calls: list[tuple[str, Any, tuple[Any, ...]]])
     return out
 
 
-def within_phases(pid: int, home: str, cwd: str, envs: dict[str, str], rounds: int) -> Any:
+def within_phases(
+    pid: int, home: str, cwd: str, envs: dict[str, str], rounds: int, prober: Prober
+) -> Any:
     """Three users at once (THREE; VICTOR's prober goes on meanwhile): (frames) each user's
     two sessions send the WORST frame `rounds` times, then the bomb; (spool) each user drops 20
     costly requests. Each phase: the daemon's RSS growth at its peak, its loop's worst second,
-    what was answered."""
+    what was answered, VICTOR's latencies."""
     shapes = _hostile_shapes()
     out: dict[str, Any] = {}
     w = Watch(pid, home)
@@ -362,7 +364,7 @@ def within_phases(pid: int, home: str, cwd: str, envs: dict[str, str], rounds: i
     seen = _at_once(home, cwd, [(u, shapes.flood_frames, (envs[u], rounds)) for u in THREE])
     took = time.monotonic() - t0
     f = w.done()
-    f.pop("end")
+    f.update(prober.window(w.start, f.pop("end")))
     sessions = [s for user in seen for s in user]
     answered = sum(
         1 for s in sessions if isinstance(s, list) for a in s[0] if a.get("value", 1) is None
@@ -382,7 +384,7 @@ def within_phases(pid: int, home: str, cwd: str, envs: dict[str, str], rounds: i
     said = _at_once(home, cwd, [(u, shapes.drop_hostile_requests, (u, 20)) for u in THREE])
     took = time.monotonic() - t0
     f = w.done()
-    f.pop("end")
+    f.update(prober.window(w.start, f.pop("end")))
     answers = [a for user in said for a in user]
     out["spool"] = {
         **f,
@@ -539,9 +541,7 @@ def main() -> None:
                 envs = {MALLORY: env}
                 for user in (TRENT, URSULA):
                     envs[user] = _start_trial(home, cwd, user)
-                start = time.time()
-                within = within_phases(daemon.pid, home, cwd, envs, args.rounds)
-                result["within"] = {**within, "others": prober.window(start, time.time())}
+                result["within"] = within_phases(daemon.pid, home, cwd, envs, args.rounds, prober)
             finally:
                 prober.stop()
     finally:

@@ -11,10 +11,12 @@ once per burst per user.
 
 Reading a request (open, check, budgeted decode: `spool.read`) costs time in proportion to what
 its writer put in it, up to its budget (wire/budget.py: SPOOL_REQUEST), so it is done off the
-event loop: the loop takes a batch of requests in their serving order, a worker thread reads
-them (stopping after SPOOL_BATCH requests or SPOOL_BATCH_S seconds), and the loop applies what
-was read, in that order, then takes the next batch (the ones not read yet are put back first in
-their owners' turns). One batch is read at a time, so the order of service is kept.
+event loop: the loop takes a batch of requests in their serving order (at most SPOOL_BATCH), a
+worker thread reads them (after SPOOL_BATCH_S seconds only the small ones, of owners none of
+whose requests was left out: a user whose requests are costly to read waits for them, not the
+users behind in the round), and the loop applies what was read, in that order, then takes the
+next batch (the ones not read are put back first in their owners' turns). One batch is read at
+a time, and an owner's requests are applied in their order.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 SPOOL_SWEEP_S = 1.0
 SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn ...
 SPOOL_BATCH_S = 0.03  # ... or fewer, once they took this long (large or refused requests)
+SPOOL_SMALL = 16 * 1024  # bytes: a request read past SPOOL_BATCH_S (a few ms at most)
 SPOOL_PRUNE_S = 600.0  # answers older than an hour that nobody collected are removed
 SPOOL_LOG_WINDOW_S = 10.0  # rejections from one user: one line, then a count every window
 WATCH_DELAY_EMBEDDED_S = 0.3
@@ -224,12 +227,14 @@ class SpoolServer:
             return
         self._reading = True
         self._inflight.update(name for name, _ in batch)
-        paths = [self.paths.queue / name for name, _ in batch]
-        future = self.loop.run_in_executor(None, _read_batch, paths)
+        items = [(self.paths.queue / name, uid) for name, uid in batch]
+        future = self.loop.run_in_executor(None, _read_batch, items)
         future.add_done_callback(lambda f: self._apply_batch(batch, f))
 
     def _apply_batch(
-        self, batch: list[tuple[str, int]], future: asyncio.Future[list[Request | SpoolError]]
+        self,
+        batch: list[tuple[str, int]],
+        future: asyncio.Future[list[Request | SpoolError | None]],
     ) -> None:
         """On the loop: what the worker read is applied in order (`_apply_ready`); what it did
         not get to is put back first in its owners' turns."""
@@ -238,16 +243,22 @@ class SpoolServer:
             self._inflight.clear()
             return  # still in the spool: the next engine serves it
         err = future.exception()
-        read = [] if err is not None else future.result()
-        for name, uid in batch[len(read) :]:
-            self._inflight.discard(name)
-            self.backlog.put_back(name, uid)
+        read: list[Request | SpoolError | None] = [None] * len(batch)
+        if err is None:
+            read = future.result()
+        ready = []
+        for (name, uid), r in zip(batch, read, strict=True):
+            if r is None:  # not read this time (its owner's turn ended): first again next time
+                self._inflight.discard(name)
+                self.backlog.put_back(name, uid)
+            else:
+                ready.append((name, uid, r))
         if err is not None:  # could not even open the first (EIO...): tried again shortly
             self._reading = False
             self._failed_once(f"could not read request {batch[0][0]} ({type(err).__name__}: {err})")
             self._retry_later()
             return
-        self._ready.extend((name, uid, r) for (name, uid), r in zip(batch, read, strict=False))
+        self._ready.extend(ready)
         self._apply_ready()
 
     def _apply_ready(self) -> None:
@@ -473,21 +484,54 @@ class SpoolServer:
         self._answer_and_remove(path, {"error": message})
 
 
-def _read_batch(paths: list[Path]) -> list[Request | SpoolError]:
-    """In a worker thread: each request read (or why not), in order, until SPOOL_BATCH_S
-    seconds have gone (the rest is read with the next batch). An OSError other than what
-    `spool.read` answers ends the batch there: the loop retries from that request."""
-    out: list[Request | SpoolError] = []
+def _read_batch(items: list[tuple[Path, int]]) -> list[Request | SpoolError | None]:
+    """In a worker thread: each request read (or why not; None: not read this time), by
+    position in the batch. Small requests (at most SPOOL_SMALL bytes: cheap to read) first,
+    each owner's up to its first large one; then the large ones in the batch's order until
+    SPOOL_BATCH_S seconds have gone (one at least): a user whose requests are costly to read
+    waits for them, not the users behind in the round. An owner's requests are read in their
+    order, and one not read leaves that owner's later ones for the next batch. An OSError other
+    than what `spool.read` answers does the same (when nothing could be read: raised, and the
+    loop tries again a moment later)."""
+    out: list[Request | SpoolError | None] = [None] * len(items)
     until = time.monotonic() + SPOOL_BATCH_S
-    for path in paths:
-        if out and time.monotonic() > until:
-            break
+    stopped: set[int] = set()  # owners whose next request is large (pass 1) or not read
+    done = 0
+    failed: list[OSError] = []
+
+    def read(i: int, path: Path, uid: int) -> None:
+        nonlocal done
         try:
-            out.append(spool.read(path))
+            out[i] = spool.read(path)
         except SpoolError as err:
-            out.append(err)
-        except OSError:
-            if not out:
-                raise
-            break  # this one and the rest: the next batch (which reports it)
+            out[i] = err
+        except OSError as err:
+            failed.append(err)
+            stopped.add(uid)
+            return
+        done += 1
+
+    large: list[int] = []
+    for i, (path, uid) in enumerate(items):  # pass 1: the small ones
+        if uid in stopped:
+            continue
+        if _small(path):
+            read(i, path, uid)
+        else:
+            stopped.add(uid)
+            large.append(i)
+    for i in large:  # pass 2: the large ones, each owner's first, while there is time
+        path, uid = items[i]
+        if done and time.monotonic() > until:
+            break
+        read(i, path, uid)
+    if not done and failed:
+        raise failed[0]
     return out
+
+
+def _small(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size <= SPOOL_SMALL
+    except OSError:
+        return True  # gone: reading it says so at once
