@@ -50,6 +50,12 @@ BOMB_REFUSED = "frame refused: message holds more than 10,000 maps and arrays (a
 WORST = b"\x83\xa1t\xa8best_val\xa2id\x01\xa3pad" + _array(
     b"\x80" * 9_990 + b"\xa2ab" * 89_990, 9_990 + 89_990
 )
+# ... and under the large-read size (256 KiB): 80,000 two-byte strings (~25 ms to scan and
+# decode, which must not happen on the event loop)
+UNDER = b"\x83\xa1t\xa8best_val\xa2id\x01\xa3pad" + _array(b"\xa2ab" * 80_000, 80_000)
+
+
+BODIES = (WORST, UNDER)
 
 
 def _hello(env: dict[str, str]) -> socket.socket:
@@ -87,8 +93,8 @@ def _until_closed(sock: socket.socket) -> list[Any]:
 
 # ---------------------------------------------------------------------------- as each user
 def flood_frames(env: dict[str, str], rounds: int) -> list[Any]:
-    """Two sessions at once (a user's large reads in flight), each sending WORST `rounds`
-    times (each answered), then the bomb (refused, closed); what each session got."""
+    """Two sessions at once (a user's large reads in flight), each sending WORST and UNDER
+    `rounds` times (each answered), then the bomb (refused, closed); what each session got."""
     out: list[Any] = [None, None]
 
     def session(i: int) -> None:
@@ -101,8 +107,9 @@ def flood_frames(env: dict[str, str], rounds: int) -> list[Any]:
         sock = _hello(env)
         answers = []
         for _ in range(rounds):
-            sock.sendall(_frame(WORST))
-            answers.append(rpc.recv(sock))
+            for body in BODIES:
+                sock.sendall(_frame(body))
+                answers.append(rpc.recv(sock))
         sock.close()
         bomb = _hello(env)
         try:
@@ -236,15 +243,17 @@ def test_three_users_frames_within_budget_cost_the_daemon_little(shared: Shared)
         u: start_sleeping_trial(shared, u, f"frames-{i}", {"metric": "loss"})["env"]
         for i, u in enumerate(users)
     }
-    peak = Peak(shared)
+    peak, lag = Peak(shared), Lag(shared)
     seen = _at_once(shared, [(u, flood_frames, (envs[u], 3)) for u in users])
     grown = peak.stop()
+    worst, seconds = lag.stop()
     for user, sessions in zip(users, seen, strict=True):
         assert all(isinstance(x, list) for x in sessions), (user, sessions)
         for answers, bomb in sessions:
-            assert answers == [{"t": "reply", "id": 1, "value": None}] * 3, user
+            assert answers == [{"t": "reply", "id": 1, "value": None}] * 3 * len(BODIES), user
             assert bomb == [{"t": "refused", "error": BOMB_REFUSED}], user
     assert grown <= 50, f"the daemon grew by {grown:.1f} MB"
+    assert seconds >= 1 and worst <= 100, f"the event loop lagged {worst:.1f} ms"
     log = (shared.paths.run_dir / "daemon.log").read_text()
     assert f"trial socket: refused frame from {B}" in log and BOMB_REFUSED in log
 

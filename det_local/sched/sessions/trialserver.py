@@ -24,7 +24,7 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   their sockets); every frame is decoded within its budget (``wire/budget.py``: TRIAL_HELLO,
   TRIAL_SESSION: bytes, values, maps and arrays, nesting), found over it before anything is built
   (one line back to the sender, one rate-limited line in the log, the session closed); a frame
-  over ``LARGE_FRAME`` is decoded off the event loop, one such frame at a time for the whole
+  over ``DECODE_ON_LOOP_MAX`` is decoded off the event loop, one such frame at a time for the whole
   daemon (a frame within TRIAL_SESSION decodes to at most ~7 MB, so three users' frames in
   flight cost their bytes and one decode); a frame whose fields its handler cannot read
   (malformed) is refused the same way and closes its session;
@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 
 PENDING_PER_UID = 16  # connections of one uid that have not said hello yet
 SESSIONS_PER_UID = 512  # authenticated connections of one uid (16-rank trials, many of them)
+# frames over this many bytes are decoded by the decoder thread, not on the event loop (the
+# scan and the decode of 16 KiB cost a few ms at most; of 256 KiB of small values, ~30 ms)
+DECODE_ON_LOOP_MAX = 16 * 1024
 LARGE_FRAME = 256 * 1024  # frames over this many bytes ...
 LARGE_READS_PER_UID = 2  # ... are read this many at a time per uid
 PEEK_BYTES = 64 * 1024  # of a large frame, checked against its budget before the rest is read
@@ -160,6 +163,10 @@ async def _read_frame(
             async with decoder[1]:
                 return await loop.run_in_executor(decoder[0], rpc.unpack, body, budget)
     body_bytes = await reader.readexactly(size)
+    if decoder is not None and size > DECODE_ON_LOOP_MAX:  # up to ~20 ms to decode: not here
+        async with decoder[1]:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(decoder[0], rpc.unpack, body_bytes, budget)
     return rpc.unpack(body_bytes, budget)
 
 
