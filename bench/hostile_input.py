@@ -19,7 +19,8 @@ command through the spool, answered when committed). Phases:
   within : three users at once (MALLORY, TRENT, URSULA, each with a trial; issue 34), the
            shapes of tests/security/test_hostile_budgets.py: frames: each user's two sessions
            send the costliest frame within the session budget (0.28 MB: 9,990 maps, 89,990
-           strings) --rounds times, then the issue's bomb (1 MB of empty maps, a million
+           strings) and one under the large-read size (0.24 MB: 80,000 strings) --rounds
+           times, then the issue's bomb (1 MB of empty maps, a million
            values: within the old budget); spool: each user drops 20 requests that cost the
            most to read (0.22 MB: 19,990 arrays and ~60,000 strings; half within the budget,
            half over it at their last values). Figures: RSS growth at the peak, the loop's
@@ -324,7 +325,8 @@ def _start_trial(home: str, cwd: str, user: str = MALLORY) -> dict[str, str]:
 
 def _hostile_shapes() -> Any:
     """The within-budget shapes of tests/security/test_hostile_budgets.py (issue 34): its
-    WORST frame (9,990 maps and 89,990 strings, the costliest within TRIAL_SESSION), the issue's
+    WORST frame (9,990 maps and 89,990 strings, the costliest within TRIAL_SESSION) and UNDER
+    (80,000 strings, under the large-read size) in BODIES, the issue's
     bomb (1 MB of empty maps: within the old budget), and its spool requests (19,990 arrays and
     ~60,000 strings: within SPOOL_REQUEST, or over it only at their end)."""
     repo = Path(__file__).resolve().parent.parent
@@ -373,8 +375,8 @@ def within_phases(
     out["frames"] = {
         **f,
         "worst_frames_answered": answered,
-        "worst_frames_sent": len(sessions) * rounds,
-        "frame_bytes": len(shapes.WORST),
+        "worst_frames_sent": len(sessions) * rounds * len(shapes.BODIES),
+        "frame_bytes": [len(b) for b in shapes.BODIES],
         "bombs_refused": sum(1 for r in refused if r and r[0].get("t") == "refused"),
         "bomb_answer": refused[0][0] if refused and refused[0] else None,
         "took_s": round(took, 2),
