@@ -14,14 +14,25 @@ command through the spool, answered when committed). Phases:
            VICTOR's worst latencies meanwhile;
   frame  : MALLORY's own trial (`sleep 600`, its token read from /proc/PID/environ as the
            trial itself would) sends a 16 MiB session frame of nested empty maps, K times (a
-           fresh session each: the daemon closes a session after refusing); same figures.
+           fresh session each: the daemon closes a session after refusing; since issue 34 it
+           is over the 4 MiB session limit, refused at its length); same figures.
+  within : three users at once (MALLORY, TRENT, URSULA, each with a trial; issue 34), the
+           shapes of tests/security/test_hostile_budgets.py: frames: each user's two sessions
+           send the costliest frame within the session budget (0.28 MB: 9,990 maps, 89,990
+           strings) and one under the large-read size (0.24 MB: 80,000 strings) --rounds
+           times, then the issue's bomb (1 MB of empty maps, a million
+           values: within the old budget); spool: each user drops 20 requests that cost the
+           most to read (0.22 MB: 19,990 arrays and ~60,000 strings; half within the budget,
+           half over it at their last values). Figures: RSS growth at the peak, the loop's
+           worst second, what was answered, VICTOR's prober meanwhile.
 
 The event loop's longest stall in each phase comes from the daemon's own probe
 (`det-local daemon status --json` -> loop_lag_ms; the bench polls run/looplag.json's
 max_1s, the worst lag of each second).
 
 Targets: spool: <= 50 ms of daemon CPU per refused request, RSS growth <= 50 MB, VICTOR
-answered <= 1 s, loop stall <= 100 ms; frame: RSS growth <= 100 MB, VICTOR answered <= 1 s.
+answered <= 1 s, loop stall <= 100 ms; frame: RSS growth <= 100 MB, VICTOR answered <= 1 s;
+within: frames and spool each RSS growth <= 50 MB and loop stall <= 100 ms, all answered.
   federation: two federated daemons in network namespaces (tests/support/fednet.py, as
            bench/federation.py does); node 1's spool gets the same N bombs (as root) while
            each node's view of the other (last_seen_s: the gap since it last heard it, and its
@@ -52,18 +63,21 @@ from _common import Daemon  # noqa: E402
 
 MIB = 1024 * 1024
 MALLORY, VICTOR = "dlbench_mallory", "dlbench_victor"
+TRENT, URSULA = "dlbench_trent", "dlbench_ursula"
+THREE = (MALLORY, TRENT, URSULA)  # the within-budget phases' three users (VICTOR watches)
+USERS = (MALLORY, VICTOR, TRENT, URSULA)
 SPOOL_BOMB = b"\x81\xa0" * (2 * MIB - 1) + b"\x80"  # 4 MiB: {"": {"": ...}}
 FRAME_BOMB = b"\x81\xa0" * (8 * MIB - 1) + b"\x80"  # 16 MiB
 
 
 def _users() -> None:
-    for user in (MALLORY, VICTOR):
+    for user in USERS:
         subprocess.run(["userdel", "-f", user], capture_output=True)
         subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", user], check=True)
 
 
 def _remove_users() -> None:
-    for user in (MALLORY, VICTOR):
+    for user in USERS:
         subprocess.run(["userdel", "-f", user], capture_output=True)
 
 
@@ -271,18 +285,18 @@ def send_frames(env: dict[str, str], k: int) -> list[Any]:
     return out
 
 
-def _start_trial(home: str, cwd: str) -> dict[str, str]:
-    """MALLORY's experiment running `sleep 600`; its trial's environment."""
+def _start_trial(home: str, cwd: str, user: str = MALLORY) -> dict[str, str]:
+    """`user`'s experiment running `sleep 600`; its trial's environment."""
     import psutil
 
     from det_local import api
     from det_local.sched.intake import spool
 
-    ctx = Path(cwd) / "ctx"
+    ctx = Path(cwd) / f"ctx-{user}"
     ctx.mkdir()
     os.chmod(ctx, 0o755)
     config = {
-        "name": "mallory",
+        "name": user,
         "entrypoint": "sleep 600",
         "max_restarts": 0,
         "searcher": {"name": "single", "metric": "loss", "max_length": 1},
@@ -292,8 +306,8 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
         payload = {"config": config, "context": str(ctx), "source": "raw"}
         return spool.request(api.paths(), "submit", payload, timeout=60)
 
-    _as_user(MALLORY, home, cwd, submit)
-    uid = pwd.getpwnam(MALLORY).pw_uid
+    _as_user(user, home, cwd, submit)
+    uid = pwd.getpwnam(user).pw_uid
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for p in psutil.process_iter(["uids", "name"]):
@@ -306,7 +320,83 @@ def _start_trial(home: str, cwd: str) -> dict[str, str]:
             except (psutil.Error, OSError):
                 continue
         time.sleep(0.1)
-    raise SystemExit("MALLORY's trial did not start")
+    raise SystemExit(f"{user}'s trial did not start")
+
+
+def _hostile_shapes() -> Any:
+    """The within-budget shapes of tests/security/test_hostile_budgets.py (issue 34): its
+    WORST frame (9,990 maps and 89,990 strings, the costliest within TRIAL_SESSION) and UNDER
+    (80,000 strings, under the large-read size) in BODIES, the issue's
+    bomb (1 MB of empty maps: within the old budget), and its spool requests (19,990 arrays and
+    ~60,000 strings: within SPOOL_REQUEST, or over it only at their end)."""
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    from tests.security import test_hostile_budgets as shapes
+
+    return shapes
+
+
+def _at_once(home: str, cwd: str, calls: list[tuple[str, Any, tuple[Any, ...]]]) -> list[Any]:
+    """_as_user(user, ..., fn, *args) for each call, all at once (threads); values in order."""
+    out: list[Any] = [None] * len(calls)
+
+    def one(i: int) -> None:
+        user, fn, args = calls[i]
+        out[i] = _as_user(user, home, cwd, fn, *args)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def within_phases(
+    pid: int, home: str, cwd: str, envs: dict[str, str], rounds: int, prober: Prober
+) -> Any:
+    """Three users at once (THREE; VICTOR's prober goes on meanwhile): (frames) each user's
+    two sessions send the WORST frame `rounds` times, then the bomb; (spool) each user drops 20
+    costly requests. Each phase: the daemon's RSS growth at its peak, its loop's worst second,
+    what was answered, VICTOR's latencies."""
+    shapes = _hostile_shapes()
+    out: dict[str, Any] = {}
+    w = Watch(pid, home)
+    t0 = time.monotonic()
+    seen = _at_once(home, cwd, [(u, shapes.flood_frames, (envs[u], rounds)) for u in THREE])
+    took = time.monotonic() - t0
+    f = w.done()
+    f.update(prober.window(w.start, f.pop("end")))
+    sessions = [s for user in seen for s in user]
+    answered = sum(
+        1 for s in sessions if isinstance(s, list) for a in s[0] if a.get("value", 1) is None
+    )
+    refused = [s[1] for s in sessions if isinstance(s, list)]
+    out["frames"] = {
+        **f,
+        "worst_frames_answered": answered,
+        "worst_frames_sent": len(sessions) * rounds * len(shapes.BODIES),
+        "frame_bytes": [len(b) for b in shapes.BODIES],
+        "bombs_refused": sum(1 for r in refused if r and r[0].get("t") == "refused"),
+        "bomb_answer": refused[0][0] if refused and refused[0] else None,
+        "took_s": round(took, 2),
+    }
+    w = Watch(pid, home)
+    t0 = time.monotonic()
+    said = _at_once(home, cwd, [(u, shapes.drop_hostile_requests, (u, 20)) for u in THREE])
+    took = time.monotonic() - t0
+    f = w.done()
+    f.update(prober.window(w.start, f.pop("end")))
+    answers = [a for user in said for a in user]
+    out["spool"] = {
+        **f,
+        "requests": len(answers),
+        "refused_over_budget": sum(1 for a in answers if "more than 100,000 values" in a),
+        "answered_within_budget": sum(1 for a in answers if "unknown request" in a),
+        "request_bytes": len(shapes._hostile_request(MALLORY, 29_950)),
+        "all_answered_s": round(took, 2),
+    }
+    return out
 
 
 def federation_phase(n: int) -> dict[str, Any]:
@@ -391,6 +481,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--quiet-s", type=float, default=5.0)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="WORST frames per session in the within phase."
+    )
     ap.add_argument("--keep", action="store_true", help="Keep the home (its daemon.log).")
     ap.add_argument(
         "--no-federation", action="store_true", help="Skip the two-node heartbeat phase."
@@ -414,7 +507,7 @@ def main() -> None:
     _users()
     result: dict[str, Any] = {"requests": args.requests, "frames": args.frames}
     try:
-        with Daemon(home, DET_LOCAL_CPU_SLOTS="2", DET_LOCAL_FAKE_GPUS="0") as daemon:
+        with Daemon(home, DET_LOCAL_CPU_SLOTS="3", DET_LOCAL_FAKE_GPUS="0") as daemon:
             assert daemon.pid is not None
             env = _start_trial(home, cwd)
             prober = Prober(home, cwd)
@@ -446,6 +539,11 @@ def main() -> None:
                     "refused_in_s": [round(a[0], 3) for a in answers],
                     "answer": answers[0][1][0] if answers and answers[0][1] else None,
                 }
+
+                envs = {MALLORY: env}
+                for user in (TRENT, URSULA):
+                    envs[user] = _start_trial(home, cwd, user)
+                result["within"] = within_phases(daemon.pid, home, cwd, envs, args.rounds, prober)
             finally:
                 prober.stop()
     finally:
@@ -466,6 +564,16 @@ def main() -> None:
         "frame_rss_growth_mb<=100": f["rss_growth_peak_mb"] <= 100,
         "frame_others_answered_ms<=1000": worst(f) <= 1000 and f["failed"] == 0,
     }
+    wf, ws = result["within"]["frames"], result["within"]["spool"]
+    result["targets"].update(
+        {
+            "within_frames_rss_growth_mb<=50": wf["rss_growth_peak_mb"] <= 50,
+            "within_frames_loop_stall_ms<=100": wf["loop_stall_max_ms"] <= 100,
+            "within_frames_all_answered": wf["worst_frames_answered"] == wf["worst_frames_sent"],
+            "within_spool_rss_growth_mb<=50": ws["rss_growth_peak_mb"] <= 50,
+            "within_spool_loop_stall_ms<=100": ws["loop_stall_max_ms"] <= 100,
+        }
+    )
     if "federation" in result:
         fed = result["federation"]["flood"]
         result["targets"]["federation_gap_s<=1.5"] = fed["max_gap_s"] <= 1.5

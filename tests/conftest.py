@@ -128,8 +128,11 @@ def accounts() -> Iterator[None]:
 
 
 @pytest.fixture
-def shared(dl: Env, accounts: None) -> Iterator[Shared]:
-    """A root daemon on a home every user can reach, with admin_group set."""
+def shared(dl: Env, accounts: None, request: pytest.FixtureRequest) -> Iterator[Shared]:
+    """A root daemon on a home every user can reach, with admin_group set (2 CPU slots; a
+    test marked ``cpu_slots(n)`` gets n)."""
+    mark = request.node.get_closest_marker("cpu_slots")
+    cpu_slots = str(mark.args[0]) if mark is not None else "2"
     base = Path(tempfile.mkdtemp(prefix="det-local-mu-", dir="/tmp"))
     os.chmod(base, 0o755)
     out = base / "out"
@@ -144,7 +147,7 @@ def shared(dl: Env, accounts: None) -> Iterator[Shared]:
         dl.daemon_start(
             {"admin_group": ADMIN_GROUP, "scheduler": {"preemption_timeout": 1}},
             DET_LOCAL_FAKE_GPUS="0",
-            DET_LOCAL_CPU_SLOTS="2",
+            DET_LOCAL_CPU_SLOTS=cpu_slots,
         )
         yield Shared(dl, home, out)
     finally:

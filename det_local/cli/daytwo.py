@@ -174,8 +174,11 @@ def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, obj
 
     out: dict[str, object] = {}
     if config_file is not None:
+        from det_local.config.limits import read_config_bytes
+
         try:
-            loaded = yaml.safe_load(config_file.read_text())
+            text = read_config_bytes(config_file, "--config-file").decode("utf-8", "replace")
+            loaded = yaml.safe_load(text)
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError(f"cannot read --config-file {config_file}: {err}") from None
         if not isinstance(loaded, dict):

@@ -20,9 +20,12 @@ def cmd_run(
     import os
 
     from det_local import api
+    from det_local.priority import check_priority, check_slots
     from det_local.sched.run.userfiles import current_umask
     from det_local.usage.settings import parse_task_config
 
+    check_slots(slots)
+    check_priority(priority)
     task_config = parse_task_config(config)
     argv = list(args)
     if argv and argv[0] == "--":

@@ -36,6 +36,10 @@ def update(
 ) -> None:
     """Change a job's priority or its place in the queue (owner or admin only)."""
     from det_local import api
+    from det_local.priority import check_priority
+
+    if priority is not None:
+        check_priority(priority)
 
     print(
         api.control_job(
@@ -71,6 +75,10 @@ def update_batch(
                 f"update-batch: cannot read {item!r}; write JOB_ID.priority=N, "
                 "JOB_ID.ahead-of=J or JOB_ID.behind-of=J"
             )
+        if field == "priority":
+            from det_local.priority import check_priority
+
+            check_priority(int(value))
         parsed.append({"job_id": int(job), field: int(value)})
     for line in api.control_job("job_update_batch", {"updates": parsed}):
         print(line)

@@ -26,6 +26,10 @@ def shell_start(
 ) -> None:
     """An interactive shell that holds slots (CUDA_VISIBLE_DEVICES set) until it exits."""
     from det_local import api
+    from det_local.priority import check_priority, check_slots
+
+    check_slots(slots)
+    check_priority(priority)
     from det_local.client.tasks import shell
     from det_local.usage.settings import parse_task_config
 
@@ -46,6 +50,9 @@ def notebook_start(
 ) -> None:
     """A JupyterLab server on localhost as a queued job; prints its URL."""
     from det_local import api
+    from det_local.priority import check_slots
+
+    check_slots(slots)
     from det_local.client.tasks import notebook
     from det_local.usage.settings import parse_task_config
 

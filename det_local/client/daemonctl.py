@@ -19,6 +19,22 @@ from det_local.store.states import JobState
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
+LOG_NAME = "daemon.log"
+LOG_MODE = 0o600  # its owner's only: it names every user's jobs and their command lines
+
+
+def open_log(path: Path) -> int:
+    """The daemon's log opened for appending, made (or made again) its owner's only: a log an
+    earlier version left world-readable is re-moded. Not followed if it is a symbolic link."""
+    fd = os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOG_MODE
+    )
+    try:
+        os.fchmod(fd, LOG_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def start_background(paths: Paths) -> DaemonInfo:
@@ -29,8 +45,8 @@ def start_background(paths: Paths) -> DaemonInfo:
             f"a det-local daemon is already running for {paths.home} (pid {info.pid})"
         )
     paths.ensure()
-    log_path = paths.run_dir / "daemon.log"
-    with open(log_path, "ab") as log:
+    log_path = paths.run_dir / LOG_NAME
+    with os.fdopen(open_log(log_path), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "det_local.cli.main", "daemon"],
             stdin=subprocess.DEVNULL,

@@ -4,18 +4,20 @@ TensorBoard serves on (never its token), and its argv with secret-looking option
 A notebook's token lives in its environment (private to its user, `client/tasks.py`) and is
 printed only to its owner by `det-local notebook start`; nothing here can show it. A command
 that put a secret in its argv (`--token=...`) already shows it to every user of this machine
-(`ps`), but a list that may be read from elsewhere (the dashboard) hides the value anyway.
+(`ps`), but a list that may be read from elsewhere (the dashboard) hides the value anyway, by
+the one rule the daemon's log uses too (`det_local/masking.py`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+
+from det_local.masking import HIDDEN, hide_secrets, hide_secrets_in_line
+
+__all__ = ["HIDDEN", "address", "hide_secrets", "hide_secrets_in_line"]
 
 NOTEBOOK = "NOTEBOOK"
 TENSORBOARD = "TENSORBOARD"
-HIDDEN = "***"
-_SECRET = re.compile(r"token|password|passwd|secret|api[-_]?key|credential", re.IGNORECASE)
 # where a served task's address comes from: (kind) -> (host option, path)
 _SERVED = {NOTEBOOK: ("--ip", "lab"), TENSORBOARD: ("--host", "")}
 
@@ -45,25 +47,3 @@ def address(kind: str, argv: Sequence[str] | None) -> str | None:
         host = "127.0.0.1"
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}/{path}"
-
-
-def hide_secrets(argv: Sequence[str] | None) -> list[str] | None:
-    """argv with the value of every option whose name looks secret (token, password, secret,
-    api key, credential) replaced by ***: `--token=abc` and `--token abc` alike."""
-    if argv is None:
-        return None
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(HIDDEN)
-            hide_next = False
-            continue
-        name, eq, _ = arg.partition("=")
-        secret = arg.startswith("-") and _SECRET.search(name) is not None
-        if secret and eq:
-            out.append(f"{name}={HIDDEN}")
-        else:
-            out.append(arg)
-            hide_next = secret and not eq
-    return out

@@ -9,6 +9,8 @@ request. Every check here is iterative: nothing recurses over user input.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +31,43 @@ def too_big(source: str, size: int, how: str = "") -> ConfigError:
         f"config {source} is {size} bytes{how}, over {size_limit_text()} on experiment configs; "
         "keep data out of the config (put it in the context directory and read it from there)"
     )
+
+
+def read_config_bytes(path: str | os.PathLike[str], what: str = "config file") -> bytes:
+    """A config file's bytes (an experiment config, daemon.yaml, --config-file): a regular file
+    only, read bounded. A FIFO, a device or a socket is refused with one line (opened without
+    blocking, so a FIFO nobody writes cannot hang the command); OSError for the rest
+    (not found, a directory, permission), for the caller to name."""
+    source = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "Is a directory", source)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(
+                f"{what} {source} is not a regular file (a FIFO, a device or a socket); "
+                "refusing to read it: pass a YAML file (save a pipe's output to one first)"
+            )
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise too_big(source, st.st_size)
+        chunks: list[bytes] = []
+        left = MAX_CONFIG_BYTES + 1  # one more than allowed: a file that grows is caught
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise too_big(source, len(data), " or more")
+    return data
+
+
+def read_settings_text(path: str | os.PathLike[str]) -> str:
+    """daemon.yaml's text for each of its readers (the engine, pools, federation, usage, the
+    dashboard): a regular file only, read bounded (`read_config_bytes`)."""
+    return read_config_bytes(path, "daemon settings").decode("utf-8", errors="replace")
 
 
 def too_deep(source: str, parts: Sequence[object], limit: int = MAX_DEPTH) -> ConfigError:

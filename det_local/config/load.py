@@ -7,7 +7,6 @@ octal ints; dates stay strings so that the config is JSON-serialisable."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -262,14 +261,8 @@ def load_config(path: str | Path) -> ExperimentConfig:
     source = str(path)
     file = Path(path)
     try:
-        with open(file, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limits.MAX_CONFIG_BYTES:
-                raise limits.too_big(source, size)
-            data = f.read(limits.MAX_CONFIG_BYTES + 1)  # a pipe or a growing file: bounded too
-        if len(data) > limits.MAX_CONFIG_BYTES:
-            raise limits.too_big(source, len(data), " or more")
-        text = data.decode("utf-8")
+        # a regular file only (a FIFO would hang us), read bounded
+        text = limits.read_config_bytes(file).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(
             f"config file {source} not found (looked in {file.absolute().parent}); check the path"

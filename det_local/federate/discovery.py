@@ -47,6 +47,16 @@ def interface_addresses(names: tuple[str, ...] | None) -> list[str]:
     return out
 
 
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def advertised(listen: str, interfaces: list[str]) -> list[str]:
+    """The addresses a node announces (mDNS, its own row in `cluster`): the interfaces'
+    addresses when it listens on all of them (a wildcard), else only the one it listens on, so
+    that no peer is sent to an address where nothing answers."""
+    return list(interfaces) if listen in WILDCARDS else [listen]
+
+
 def parse_txt(props: dict[bytes, bytes | None], cluster: str) -> tuple[str, int] | None:
     """(node, port) from a TXT record of this cluster; None for anything else."""
     if sum(len(k) + len(v or b"") for k, v in props.items()) > MAX_TXT:

@@ -165,9 +165,11 @@ class Federation:
             for host, port in settings.peers:
                 self.targets[(host, port)] = Target(host, port, static=True)
             from det_local.federate.admission import interface_networks
-            from det_local.federate.discovery import interface_addresses
+            from det_local.federate.discovery import advertised, interface_addresses
 
-            addrs = interface_addresses(settings.interfaces)
+            # what it listens on is what it advertises: a specific listen address (127.0.0.1,
+            # one interface's) alone, the interfaces' addresses only for a wildcard listen
+            addrs = advertised(settings.listen, interface_addresses(settings.interfaces))
             statics = {host for host, _port in settings.peers}
             self.admission = Admission(known=set(statics))
             self.gossip = GossipFilter(interface_networks(settings.interfaces), statics)

@@ -135,8 +135,10 @@ def load(settings_path: Path, env: dict[str, str] | None = None) -> FederationSe
     if settings_path.exists():
         import yaml
 
+        from det_local.config.limits import read_settings_text
+
         try:
-            doc = yaml.safe_load(settings_path.read_text()) or {}
+            doc = yaml.safe_load(read_settings_text(settings_path)) or {}
         except yaml.YAMLError:
             raise ConfigError(f"{source} is not valid YAML") from None
         section = doc.get("federation") if isinstance(doc, dict) else None

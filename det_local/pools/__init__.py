@@ -148,8 +148,10 @@ def load_pools(path: Path) -> Pools:
         return Pools(source=source)
     import yaml
 
+    from det_local.config.limits import read_settings_text
+
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(read_settings_text(path)) or {}
     except yaml.YAMLError:
         return Pools(source=source)  # load_settings says what is wrong with it
     section = raw.get("resource_pools") if isinstance(raw, dict) else None

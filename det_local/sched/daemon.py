@@ -8,6 +8,7 @@ that is, so a stale pid file left by a crash never blocks a restart.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -111,6 +112,11 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
         except OSError:  # the log's disk is full: the daemon goes on without it
             pass
 
+    _private_log(paths)
+    # the loop shares the interpreter with threads that decode what users send (large trial
+    # frames, spool requests: wire/budget.py's scan is Python); each time the loop gives up
+    # the GIL (every syscall) it waits up to the switch interval to get it back: 1 ms, not 5
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     engine = Engine(paths, out=log, daemon=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,6 +125,10 @@ async def _serve(paths: Paths, extensions: Sequence[ExtensionFactory] = ()) -> i
     # only now, with the jobs of an earlier daemon adopted or settled: `daemon start` returns
     services = await _start_extensions(engine, extensions, log)
     _write_pid_file(paths, {"containment": engine.containment.as_dict()})
+    # what the start built (modules, the engine, its extensions) lives as long as the daemon:
+    # out of the cyclic collector's full passes, which a message of many maps and lists
+    # decoded off the loop would otherwise set off over all of it (~0.5 s of every thread)
+    gc.freeze()
     log(
         f"det-local: daemon {os.getpid()} serving {paths.home} with "
         f"{engine.inventory.size()} {engine.inventory.source} slot(s); "
@@ -152,6 +162,27 @@ async def _start_extensions(
         await service.start()
         services.append(service)
     return services
+
+
+SWITCH_INTERVAL_S = 0.001
+
+
+def _private_log(paths: Paths) -> None:
+    """The daemon's log (run/daemon.log, where `daemon start` sends its output) is its owner's
+    only: it names every user's jobs with their command lines. One an earlier version left
+    world-readable (0644) is re-moded at start; a symbolic link there is not followed."""
+    try:
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a FIFO wait
+        fd = os.open(paths.run_dir / "daemon.log", flags)
+    except OSError:
+        return  # none (systemd: the journal), or a link: nothing of ours to re-mode
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _write_pid_file(paths: Paths, extra: dict[str, Any] | None = None) -> None:

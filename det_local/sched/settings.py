@@ -92,11 +92,15 @@ def load_settings(path: Path) -> DaemonSettings:
         return DaemonSettings()
     import yaml
 
+    from det_local.config.limits import read_settings_text
+
     source = str(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(read_settings_text(path)) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {source}: {err.strerror or err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of settings")
     check_section_keys("", raw, _TOP, source)

@@ -28,6 +28,7 @@ from typing import Any
 
 from det_local.errors import DetLocalError
 from det_local.wire import channel, rpc
+from det_local.wire.budget import TRIAL_SESSION, Refused, scan
 
 FLUSH_INTERVAL = 0.05
 MAX_BATCH = 20_000
@@ -153,6 +154,12 @@ class Session:
                 f"{rpc.SESSION_MAX_FRAME} byte limit (a checkpoint of too many files, or "
                 "metadata too large?)"
             )
+        over = over_budget(data)
+        if over is not None:
+            raise SessionError(
+                f"'{msg.get('t')}' message is over the det-local daemon's budget: {over} (a "
+                "checkpoint of too many files, or metadata too large?)"
+            )
         self._send_packed(data)
 
     def _send_packed(self, data: bytes) -> None:
@@ -265,20 +272,35 @@ def _metric_frames(batch: list[tuple[Any, ...]]) -> list[tuple[list[tuple[Any, .
     """(reports, packed frame) pairs within the daemon's frame limit: a batch too large is
     split in halves; a single report too large for any frame is dropped with a warning."""
     data = rpc.pack({"t": "metrics", "reports": batch})
-    if len(data) - rpc.HEADER.size <= rpc.SESSION_MAX_FRAME:
+    if len(data) - rpc.HEADER.size <= rpc.SESSION_MAX_FRAME and over_budget(data) is None:
         return [(batch, data)]
     if len(batch) == 1:
         group, steps = batch[0][0], batch[0][1]
+        over = over_budget(data) or f"{len(data)} bytes"
         print(
-            f"det-local: warning: {group} metrics at steps_completed={steps} take {len(data)} "
-            f"bytes, over the daemon's {rpc.SESSION_MAX_FRAME} byte limit; not recorded "
-            "(report fewer or smaller batch_metrics)",
+            f"det-local: warning: {group} metrics at steps_completed={steps} are over the "
+            f"daemon's limit for one frame ({rpc.SESSION_MAX_FRAME} bytes: {over}); not "
+            "recorded (report fewer or smaller batch_metrics)",
             file=sys.stderr,
             flush=True,
         )
         return []
     mid = len(batch) // 2
     return _metric_frames(batch[:mid]) + _metric_frames(batch[mid:])
+
+
+def over_budget(data: bytes) -> str | None:
+    """Why a packed frame (header and body) is over the daemon's TRIAL_SESSION budget (its
+    values, maps and arrays: wire/budget.py), or None. A body no longer than the container
+    limit cannot hold more values or containers than it has bytes: not scanned."""
+    body = data[rpc.HEADER.size :]
+    if len(body) <= min(TRIAL_SESSION.max_containers, TRIAL_SESSION.max_objects):
+        return None
+    try:
+        scan(body, TRIAL_SESSION)
+    except Refused as err:
+        return str(err)
+    return None
 
 
 _session: Session | None = None

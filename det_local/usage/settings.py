@@ -88,8 +88,10 @@ def load_usage_settings(path: Path) -> UsageSettings:
     import yaml
 
     source = str(path)
+    from det_local.config.limits import read_settings_text
+
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(read_settings_text(path)) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{source} is not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):

@@ -87,7 +87,7 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
     oldest first, each with "link" (the address a notebook or TensorBoard serves on while it
     runs, without its token: that is printed only to its owner, by `notebook start`) and its
     argv with secret-looking option values hidden (client/taskview.py)."""
-    from det_local.client.taskview import address, hide_secrets
+    from det_local.client.taskview import address, hide_secrets, hide_secrets_in_line
 
     out = []
     for j in open_store().jobs.list(include_done=include_done):
@@ -95,6 +95,7 @@ def commands_json(*, include_done: bool = False) -> list[dict[str, Any]]:
             continue
         d = j.to_json()
         d["argv"] = hide_secrets(j.argv)
+        d["name"] = hide_secrets_in_line(j.name)  # by default, its argv joined
         d["link"] = address(j.kind, j.argv) if j.state == JobState.SCHEDULED else None
         d["ran_on"] = ran_on(j)
         out.append(d)

@@ -77,8 +77,10 @@ def load_dashboard_settings(path: Path) -> DashboardSettings:
     import yaml
 
     source = str(path)
+    from det_local.config.limits import read_settings_text
+
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.safe_load(read_settings_text(path)) or {}
     except yaml.YAMLError:
         raise ConfigError(f"{source} is not valid YAML") from None
     raw = doc.get("dashboard") if isinstance(doc, dict) else None

@@ -46,7 +46,9 @@ __all__ = [
 class Budget:
     """The most a message of one kind may hold. Sizes are in bytes (``max_str``: a string's
     UTF-8 bytes), counts in elements (``max_map``: keys), ``max_depth`` counts nested arrays
-    and maps (the outermost is level 1), ``max_objects`` every value, containers included."""
+    and maps (the outermost is level 1), ``max_objects`` every value, containers included,
+    ``max_containers`` the maps and arrays alone (what makes a small message costly to decode:
+    1 MB of empty maps is a million dicts, ~100 MB)."""
 
     max_bytes: int
     max_str: int
@@ -56,6 +58,9 @@ class Budget:
     max_ext: int
     max_depth: int
     max_objects: int
+    # maps and arrays, empty ones included: each costs ~100 bytes decoded (an empty map in a
+    # 1-byte value) and the scan's slow path; 0: as many as max_objects
+    max_containers: int = 0
 
 
 class Refused(Exception):
@@ -67,9 +72,14 @@ class Refused(Exception):
 # what would cost the daemon noticeable time or memory (objects: ~100 bytes of RAM each).
 
 # A spool request: an experiment config (<= 1 MiB, 64 levels: config/limits.py) with its
-# submission's metadata, or a control request (ids, a few fields).
+# submission's metadata, or a control request (ids, a few fields: `cmd run`'s environment is
+# the largest, a few hundred strings).
 # A string may be as long as the request (one costs no more than its bytes): a config too big
 # is then named by the config's own check (config/limits.py), which says what to do.
+# 20,000 maps and lists: a config's hyperparameters, searcher and data sections hold a few
+# hundred; 100,000 values: a 1 MiB config of short list items. Decoded, the worst request within
+# it is ~25 MB (4 MiB of 2-byte strings and 20,000 maps); the spool reads and decodes requests
+# off the event loop (sched/intake/spoolserver.py), one batch at a time.
 SPOOL_REQUEST = Budget(
     max_bytes=4 * 1024 * 1024,
     max_str=4 * 1024 * 1024,
@@ -79,6 +89,7 @@ SPOOL_REQUEST = Budget(
     max_ext=0,
     max_depth=100,
     max_objects=100_000,
+    max_containers=20_000,
 )
 # An answer the daemon wrote (read by clients: trusted writer, bounded all the same).
 SPOOL_ANSWER = Budget(
@@ -102,17 +113,23 @@ TRIAL_HELLO = Budget(
     max_depth=8,
     max_objects=512,
 )
-# A session frame (rpc.SESSION_MAX_FRAME): a metric batch split to fit, a checkpoint with its
-# file list (~200,000 files as {path: size}), an unmanaged run's config.
+# A session frame (rpc.SESSION_MAX_FRAME, 4 MiB). What trials send: a metric batch (the trial
+# side splits a batch to fit this budget, trial/session.py: a report is 3 containers and ~12
+# values, plus one map per batch of its batch_metrics), a checkpoint with its file list (one
+# map, {path: size}: up to ~45,000 files of 80-byte paths in 4 MiB, 49,000 files at most), an
+# unmanaged run's config (a few hundred maps). Everything else is a few ids. A frame within this
+# budget decodes to at most ~7 MB (100,000 two-byte strings ~6 MB, 10,000 maps ~1 MB), and the
+# daemon decodes one large frame at a time (sched/sessions/trialserver.py).
 TRIAL_SESSION = Budget(
-    max_bytes=16 * 1024 * 1024,
-    max_str=4 * 1024 * 1024,
-    max_bin=4 * 1024 * 1024,
-    max_array=500_000,
-    max_map=500_000,
+    max_bytes=4 * 1024 * 1024,
+    max_str=1024 * 1024,
+    max_bin=1024 * 1024,
+    max_array=100_000,
+    max_map=100_000,
     max_ext=0,
-    max_depth=100,
-    max_objects=1_000_000,
+    max_depth=64,
+    max_objects=100_000,
+    max_containers=10_000,
 )
 # What a trial reads from its daemon (rpc.MAX_FRAME): a trusted writer, bounded all the same.
 DAEMON_TO_TRIAL = Budget(
@@ -231,8 +248,14 @@ def _too_deep(max_depth: int, pos: int) -> Refused:
     return Refused(f"message nests deeper than {_n(max_depth)} levels (at byte {_n(pos)})")
 
 
+def _too_many(max_containers: int, pos: int) -> Refused:
+    return Refused(
+        f"message holds more than {_n(max_containers)} maps and arrays (at byte {_n(pos)})"
+    )
+
+
 def _header(
-    buf: bytes, pos: int, size: int, lead: int, kind: int, budget: Budget
+    buf: bytes | bytearray, pos: int, size: int, lead: int, kind: int, budget: Budget
 ) -> tuple[int, int]:
     """A value with a length or a count at ``pos``: where the next value starts and how many
     elements follow (an array's items, a map's keys and values; 0 for the rest). Refused when
@@ -315,7 +338,7 @@ def scan(data: bytes | bytearray | memoryview, budget: Budget, total: int | None
         raise Refused(f"message of {_n(size)} bytes is over the limit of {_n(budget.max_bytes)}")
     if size == 0:
         raise Refused("empty message")
-    buf = bytes(data) if not isinstance(data, bytes) else data
+    buf = data if isinstance(data, bytes | bytearray) else bytes(data)
     try:
         pos, objects = _walk(buf, budget, size)
     except _Short:
@@ -327,12 +350,14 @@ def scan(data: bytes | bytearray | memoryview, budget: Budget, total: int | None
     return objects
 
 
-def _walk(buf: bytes, budget: Budget, size: int) -> tuple[int, int]:
+def _walk(buf: bytes | bytearray, budget: Budget, size: int) -> tuple[int, int]:
     """The scan itself: (where the value ends, how many values it holds). _Short where a
     prefix of the message ends."""
     have = len(buf)
     max_depth = budget.max_depth
     max_objects = budget.max_objects
+    max_containers = budget.max_containers or max_objects
+    containers = 0
     kinds = _KIND
     args = _ARG
     stack: list[int] = []  # the elements still to come in each enclosing container
@@ -358,6 +383,12 @@ def _walk(buf: bytes, budget: Budget, size: int) -> tuple[int, int]:
             if run is None:  # an empty container one level too deep
                 raise _too_deep(max_depth, pos)
             take = min(run.end() - pos, remaining)
+            if depth < max_depth:  # empty maps and arrays in the run are containers too
+                containers += buf.count(b"\x80", pos, pos + take) + buf.count(
+                    b"\x90", pos, pos + take
+                )
+                if containers > max_containers:
+                    raise _too_many(max_containers, pos)
             pos += take
             remaining -= take
             objects += take
@@ -370,6 +401,10 @@ def _walk(buf: bytes, budget: Budget, size: int) -> tuple[int, int]:
             objects += 1
             remaining -= 1
             pos, count = _header(buf, pos, size, lead, kind, budget)
+            if kind in (_ARRAY, _MAP):
+                containers += 1
+                if containers > max_containers:
+                    raise _too_many(max_containers, pos)
             if count:
                 stack.append(remaining)
                 depth += 1
@@ -386,7 +421,7 @@ def _walk(buf: bytes, budget: Budget, size: int) -> tuple[int, int]:
     return pos, objects
 
 
-def decode(data: bytes, budget: Budget) -> Any:
+def decode(data: bytes | bytearray, budget: Budget) -> Any:
     """The value in ``data``, or ``Refused`` (one line) when it is over ``budget`` or not
     msgpack. Strings decode as str (UTF-8), binaries as bytes; map keys may be any hashable."""
     scan(data, budget)

@@ -46,7 +46,9 @@ a challenge-response handshake and with every frame sealed (``det_local/wire/cha
 
 Every frame is decoded with a budget (``det_local/wire/budget.py``): hello with TRIAL_HELLO,
 session frames with TRIAL_SESSION, what a trial reads with DAEMON_TO_TRIAL; a frame over it is a
-FrameError naming the limit, found before anything is built.
+FrameError naming the limit, found before anything is built. A frame over its budget, or one
+that is not a message its handler can read (a field of the wrong type), is refused with one line
+(``refused``) and its session closed.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ from det_local.wire.budget import DAEMON_TO_TRIAL, Budget, Refused, decode
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # what a trial accepts from the daemon
 HELLO_MAX_FRAME = 4 * 1024  # what the daemon reads from a connection that has not said hello
-# what the daemon reads from a session: a single metric report, a checkpoint's file list (about
-# 200,000 files) or a request fits; the trial side splits its metric batches below it
-SESSION_MAX_FRAME = 16 * 1024 * 1024
+# what the daemon reads from a session (budget.TRIAL_SESSION): a single metric report, a
+# checkpoint's file list (about 45,000 files of 80-byte paths) or a request fits; the trial side
+# splits its metric batches below it
+SESSION_MAX_FRAME = 4 * 1024 * 1024
 HELLO_TIMEOUT = 5.0
 
 
@@ -77,7 +80,7 @@ def pack(msg: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def unpack(body: bytes, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
+def unpack(body: bytes | bytearray, budget: Budget = DAEMON_TO_TRIAL) -> dict[str, Any]:
     try:
         msg = decode(body, budget)
     except Refused as err:  # over budget, or not msgpack: one line naming which

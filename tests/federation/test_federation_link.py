@@ -346,3 +346,19 @@ def test_cluster_commands(tmp_path: Path) -> None:
     os.chmod(key_path, 0o640)
     res = cli(home, "cluster", "token")
     assert res.returncode != 0 and res.stderr.count("\n") == 1 and "mode 0640" in res.stderr
+
+
+def test_a_node_advertises_only_the_address_it_listens_on(victim: Victim) -> None:
+    """Issue 34, item 9: with `federation.listen: 127.0.0.1` the node advertised its eth0
+    address, where nothing of it answers."""
+    from det_local.federate.client import request
+    from det_local.store.paths import Paths
+
+    rows = request(Paths(victim.home), {"t": "peers"}, timeout=10)["peers"]
+    me = next(r for r in rows if r["state"] == "self")
+    assert me["address"] == f"127.0.0.1:{victim.port}"
+    from det_local.federate.discovery import advertised
+
+    # a wildcard listen advertises the interfaces' addresses, a specific one only itself
+    assert advertised("0.0.0.0", ["10.0.0.5", "192.168.1.2"]) == ["10.0.0.5", "192.168.1.2"]
+    assert advertised("10.0.0.5", ["10.0.0.5", "192.168.1.2"]) == ["10.0.0.5"]

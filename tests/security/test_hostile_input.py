@@ -76,21 +76,25 @@ SPOOL_BOMBS = {
 
 FRAME_BOMBS = {
     "nested maps": (
-        b"\x81\xa0" * (8 * MIB - 1) + b"\x80",  # 16 MiB
-        "frame refused: message nests deeper than 100 levels (at byte 201); closed",
+        b"\x81\xa0" * (2 * MIB - 1) + b"\x80",  # 4 MiB - 1: within the session's size limit
+        "frame refused: message nests deeper than 64 levels (at byte 129); closed",
+    ),
+    "16 MiB of nested maps": (  # over the session's size limit: refused at its length
+        b"\x81\xa0" * (8 * MIB - 1) + b"\x80",
+        "a frame of 16777215 bytes (the limit is 4194304); closed",
     ),
     "100,000 levels": (
         b"\x91" * 100_000 + b"\xc0",
-        "frame refused: message nests deeper than 100 levels (at byte 101); closed",
+        "frame refused: message nests deeper than 64 levels (at byte 65); closed",
     ),
     "4 GiB string": (
         b"\xdb\xff\xff\xff\xff" + b"x" * 1024,
-        "frame refused: a string of 4,294,967,295 bytes is over the limit of 4,194,304 (at "
+        "frame refused: a string of 4,294,967,295 bytes is over the limit of 1,048,576 (at "
         "byte 0); closed",
     ),
     "bin bomb": (
         b"\xc6\xff\xff\xff\xff",
-        "frame refused: a binary of 4,294,967,295 bytes is over the limit of 4,194,304 (at "
+        "frame refused: a binary of 4,294,967,295 bytes is over the limit of 1,048,576 (at "
         "byte 0); closed",
     ),
     "ext bomb": (
@@ -100,7 +104,7 @@ FRAME_BOMBS = {
     ),
     "1,000,000 keys": (
         _wide(1_000_000),
-        "frame refused: a map of 1,000,000 keys is over the limit of 500,000 (at byte 0); closed",
+        "frame refused: a map of 1,000,000 keys is over the limit of 100,000 (at byte 0); closed",
     ),
 }
 
@@ -230,7 +234,7 @@ def test_trial_frame_bombs_are_refused_and_told(shared: Shared) -> None:
     # a 4 GiB length prefix on the frame itself: refused before anything is read
     frames = shared.as_user(B, send_header, bob["env"], b"\xff\xff\xff\xff")
     assert frames == [
-        {"t": "refused", "error": "a frame of 4294967295 bytes (the limit is 16777216); closed"}
+        {"t": "refused", "error": "a frame of 4294967295 bytes (the limit is 4194304); closed"}
     ]
     # before hello, the hello budget (a few ids and a token)
     seen = shared.as_user(B, send_frames, bob["env"], [b"\x81\xa0" * 2000 + b"\x80"], False)
@@ -243,7 +247,7 @@ def test_trial_frame_bombs_are_refused_and_told(shared: Shared) -> None:
     assert _rss_mb(shared) - rss0 < 100, (rss0, _rss_mb(shared))
     log = _log(shared)
     assert f"trial socket: refused frame from {B}" in log
-    assert "message nests deeper than 100 levels (at byte 201); closed" in log
+    assert "message nests deeper than 64 levels (at byte 129); closed" in log
     # the trial's own session still works
     env = bob["env"]
     seen = shared.as_user(B, send_frames, env, [rpc.pack({"t": "best_val", "id": 1})[4:]])

@@ -403,3 +403,46 @@ def test_config_check_shows_the_environment_a_trial_gets(dl: Env) -> None:
     assert "NOT_ALLOWED_VAR" not in got and got["LC_TIME"] == "C" and got["TZ"] == "UTC"
     for key in ("PATH", "PYTHONPATH", "FOO", "LC_TIME", "TZ", "HOME", "DET_LOCAL_HOME"):
         assert shown[key] == got[key], key
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except PermissionError as err:
+        return f"PermissionError: {err.strerror}"
+
+
+def test_the_daemon_log_is_private_and_masks_command_lines(shared: Shared) -> None:
+    """Issue 34, item 7: run/daemon.log was 0644 and named a command's full command line
+    (`sh -c echo x --password=SuperSecret123`), which `cmd list --json` masks."""
+    log = shared.paths.run_dir / "daemon.log"
+    argv = ["sh", "-c", "echo x", "--password=SuperSecret123", "--api-key", "Hunter22"]
+    payload = {
+        "argv": argv,
+        "cwd": str(shared.out),
+        "env": {"PATH": "/usr/bin:/bin"},
+        "slots": 1,
+        "priority": 42,
+        "name": None,
+    }
+    job = int(shared.as_user(A, api.control_job, "cmd_run", payload))
+    said = wait_for(
+        lambda: next((ln for ln in log.read_text().splitlines() if f"job {job} ended" in ln), None),
+        what="the job's end in the daemon's log",
+    )
+    masked = "sh -c echo x --password=*** --api-key ***"
+    assert f"command '{masked}', user {A}" in said, said
+    text = log.read_text()
+    assert "SuperSecret123" not in text and "Hunter22" not in text
+    # exactly as `cmd list --json` shows it
+    listed = json.loads(shared.dl.det("cmd", "list", "--all", "--json").out)
+    row = next(r for r in listed if r["id"] == job)
+    assert row["name"] == masked and " ".join(row["argv"]) == masked, row
+    # its owner's (root's) only, and so for another user unreadable
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert shared.as_user(A, _read, str(log)) == "PermissionError: Permission denied"
+    # a log an earlier version left world-readable is re-moded when the daemon starts
+    assert shared.dl.det("daemon", "stop").rc == 0
+    os.chmod(log, 0o644)
+    shared.dl.daemon_start()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600

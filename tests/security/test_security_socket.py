@@ -51,7 +51,7 @@ from tests.support.users import (
 )
 from tests.support.world import wait_for
 
-SESSION_LIMIT = 16 << 20  # the daemon's limit on a session's frames (rpc.SESSION_MAX_FRAME)
+SESSION_LIMIT = 4 << 20  # the daemon's limit on a session's frames (rpc.SESSION_MAX_FRAME)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="multi-user tests create real users: they need root"

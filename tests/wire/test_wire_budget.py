@@ -50,19 +50,32 @@ def test_many_empty_maps_refused_by_count() -> None:
     assert refused(b"\xdd" + struct.pack(">I", n) + b"\x80" * n) == (
         f"an array of {n:,} items is over the limit of 50,000 (at byte 0)"
     )
-    # arrays within their limit, but together too many values: stopped at the budget
+    # arrays within their limit, but together too many maps: stopped at the budget (maps and
+    # arrays are what a small message spends memory on)
     chunk = b"\xdc" + struct.pack(">H", 50_000) + b"\x80" * 50_000
     assert refused(b"\x93" + chunk * 3) == (
+        "message holds more than 20,000 maps and arrays (at byte 4)"
+    )
+    # and too many values of any kind
+    ints = b"\xdc" + struct.pack(">H", 50_000) + b"\x00" * 50_000
+    assert refused(b"\x93" + ints * 3) == (
         "message holds more than 100,000 values (at byte 100,007)"
     )
 
 
-def test_a_16_mib_session_frame_of_empty_maps() -> None:
+def test_a_1_mb_session_frame_of_empty_maps_is_refused_at_its_container_budget() -> None:
+    """Issue 34: 1 MB of empty maps was a million dicts (+100-133 MB) within the old budget."""
     chunk = b"\xdc" + struct.pack(">H", 60_000) + b"\x80" * 60_000
-    frame = b"\xdd" + struct.pack(">I", 279) + chunk * 279
-    assert len(frame) > 16 * 1000 * 1000
+    frame = b"\xdc" + struct.pack(">H", 16) + chunk * 16
+    assert len(frame) > 960_000
+    start = time.perf_counter()
     assert refused(frame, TRIAL_SESSION) == (
-        "message holds more than 1,000,000 values (at byte 1,020,056)"
+        "message holds more than 10,000 maps and arrays (at byte 6)"
+    )
+    assert time.perf_counter() - start < 0.1
+    # a 16 MiB frame is over the session's size limit before anything is scanned
+    assert refused(frame * 17, TRIAL_SESSION) == (
+        f"message of {len(frame) * 17:,} bytes is over the limit of 4,194,304"
     )
 
 
@@ -80,12 +93,12 @@ def test_4_gib_length_prefixes() -> None:
 
 def test_str_bin_ext_bombs() -> None:
     # within the message size, over the per-value limit
-    five = 5 * MIB
-    assert refused(b"\xdb" + struct.pack(">I", five) + b"x" * five, TRIAL_SESSION) == (
-        "a string of 5,242,880 bytes is over the limit of 4,194,304 (at byte 0)"
+    two = 2 * MIB
+    assert refused(b"\xdb" + struct.pack(">I", two) + b"x" * two, TRIAL_SESSION) == (
+        "a string of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
     )
-    assert refused(b"\xc6" + struct.pack(">I", five) + b"x" * five, TRIAL_SESSION) == (
-        "a binary of 5,242,880 bytes is over the limit of 4,194,304 (at byte 0)"
+    assert refused(b"\xc6" + struct.pack(">I", two) + b"x" * two, TRIAL_SESSION) == (
+        "a binary of 2,097,152 bytes is over the limit of 1,048,576 (at byte 0)"
     )
     assert refused(b"\xc9\xff\xff\xff\xff\x01") == (
         "an extension value of 4,294,967,295 bytes is over the limit of 0 (at byte 0)"
@@ -104,9 +117,9 @@ def test_deep_nest_of_100000_levels() -> None:
 
 
 def test_wide_map_of_a_million_keys() -> None:
-    body = b"".join(msgpack.packb(i) + b"\xc0" for i in range(1_000_000))
+    body = b"\x00\xc0" * 1_000_000
     assert refused(b"\xdf" + struct.pack(">I", 1_000_000) + body, TRIAL_SESSION) == (
-        "a map of 1,000,000 keys is over the limit of 500,000 (at byte 0)"
+        "a map of 1,000,000 keys is over the limit of 100,000 (at byte 0)"
     )
 
 

@@ -235,10 +235,25 @@ def job_update_batch(c: Controls, req: Request) -> list[str]:
     ]
 
 
+def _no_nul(argv: list[str], env: dict[str, str], cwd: str, name: object) -> None:
+    """A NUL byte cannot be in a path, an argument or the environment of a process (the kernel
+    ends the string there): refused at intake, naming the field, not found at its start."""
+    fields = [("cwd", cwd), ("name", name if isinstance(name, str) else "")]
+    fields += [(f"argv[{i}]", a) for i, a in enumerate(argv)]
+    fields += [(f"env {k[:40]!r}", f"{k}={v}") for k, v in env.items()]
+    for field, value in fields:
+        if "\0" in value:
+            raise DetLocalError(
+                f"cmd run: {field} contains a NUL byte, which no path, argument or environment "
+                "variable may hold; submit it again without it"
+            )
+
+
 def cmd_run(c: Controls, req: Request) -> int:
     p = req.payload
     argv = [str(a) for a in p["argv"]]
     env = {str(k): str(v) for k, v in (p.get("env") or {}).items()}
+    _no_nul(argv, env, str(p["cwd"]), p.get("name"))
     idle = p.get("idle_timeout")
     if idle is not None and (
         isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 < idle < 1e9

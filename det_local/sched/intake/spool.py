@@ -68,9 +68,15 @@ def submit(paths: Paths, op: str, payload: dict[str, Any], durable: bool = True)
     requester that gives up waiting calls `make_durable` before saying the request is queued)."""
     paths.queue.mkdir(parents=True, exist_ok=True)
     req_id = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}"  # as secrets.token_hex
-    body = msgpack.packb(
-        {"op": op, "user": user_name(os.geteuid()), "payload": payload}, use_bin_type=True
-    )
+    try:
+        body = msgpack.packb(
+            {"op": op, "user": user_name(os.geteuid()), "payload": payload}, use_bin_type=True
+        )
+    except OverflowError:  # a number past 64 bits (the CLI checks its options' ranges first)
+        raise SpoolError(
+            f"a number in the {op} request is too large to send (more than 64 bits); nothing "
+            "was submitted: check the numbers given"
+        ) from None
     tmp = paths.queue / f".{req_id}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -8,6 +8,15 @@ replay
 after a crash answers the same without applying twice; it is answered, and only then removed
 (off the event loop). Requests over their owner's cap and unreadable ones are refused, logged
 once per burst per user.
+
+Reading a request (open, check, budgeted decode: `spool.read`) costs time in proportion to what
+its writer put in it, up to its budget (wire/budget.py: SPOOL_REQUEST), so it is done off the
+event loop: the loop takes a batch of requests in their serving order (at most SPOOL_BATCH), a
+worker thread reads them (after SPOOL_BATCH_S seconds only the small ones, of owners none of
+whose requests was left out: a user whose requests are costly to read waits for them, not the
+users behind in the round), and the loop applies what was read, in that order, then takes the
+next batch (the ones not read are put back first in their owners' turns). One batch is read at
+a time, and an owner's requests are applied in their order.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import functools
 import os
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +43,7 @@ SPOOL_RETRY_S = 1.0  # a request that could not be applied (full disk...) is tri
 SPOOL_SWEEP_S = 1.0
 SPOOL_BATCH = 32  # requests applied in one go before the event loop gets a turn ...
 SPOOL_BATCH_S = 0.03  # ... or fewer, once they took this long (large or refused requests)
+SPOOL_SMALL = 16 * 1024  # bytes: a request read past SPOOL_BATCH_S (a few ms at most)
 SPOOL_PRUNE_S = 600.0  # answers older than an hour that nobody collected are removed
 SPOOL_LOG_WINDOW_S = 10.0  # rejections from one user: one line, then a count every window
 WATCH_DELAY_EMBEDDED_S = 0.3
@@ -74,8 +85,13 @@ class SpoolServer:
         self._bursts: Bursts | None = None  # rejections logged once per burst
         self._burst_summary: Any = None
         self._burst_timer: asyncio.TimerHandle | None = None
+        self._reading = False  # a batch is being read off the loop, or applied
+        self._ready: deque[tuple[str, int, Request | SpoolError]] = deque()  # read, to apply
+        self._inflight: set[str] = set()  # the names of the batch being read or applied
+        self._stopped = False
 
     def stop(self) -> None:
+        self._stopped = True  # a batch still being read is left in the spool (the next engine's)
         if self._watch_close is not None:
             self._watch_close()
             self._watch_close = None
@@ -188,7 +204,11 @@ class SpoolServer:
 
     def _process_pending(self, names: Iterable[str] | None) -> None:
         backlog = self.backlog
-        skip = self._removing.__contains__  # answered; their files are being removed
+        inflight, removing = self._inflight, self._removing
+
+        def skip(name: str) -> bool:  # being read or applied; answered and being removed
+            return name in inflight or name in removing
+
         if names is None:
             refused = backlog.refresh(skip)
         else:
@@ -199,40 +219,96 @@ class SpoolServer:
                 refused = backlog.add(n for n in names if not skip(n))
         if refused:
             self._refuse_over_cap(refused)
-        taken = 0
+        if self._reading or self.loop is None:
+            return  # the batch being read is applied first; the rest follows it
+        batch: list[tuple[str, int]] = []
+        while len(batch) < SPOOL_BATCH and (item := backlog.take()) is not None:
+            batch.append(item)
+        if not batch:
+            self._failed = None
+            return
+        self._reading = True
+        self._inflight.update(name for name, _ in batch)
+        items = [(self.paths.queue / name, uid) for name, uid in batch]
+        future = self.loop.run_in_executor(None, _read_batch, items)
+        future.add_done_callback(lambda f: self._apply_batch(batch, f))
+
+    def _apply_batch(
+        self,
+        batch: list[tuple[str, int]],
+        future: asyncio.Future[list[Request | SpoolError | None]],
+    ) -> None:
+        """On the loop: what the worker read is applied in order (`_apply_ready`); what it did
+        not get to is put back first in its owners' turns."""
+        if self._stopped or self.closing() or future.cancelled():
+            self._reading = False
+            self._inflight.clear()
+            return  # still in the spool: the next engine serves it
+        err = future.exception()
+        read: list[Request | SpoolError | None] = [None] * len(batch)
+        if err is None:
+            read = future.result()
+        ready = []
+        for (name, uid), r in zip(batch, read, strict=True):
+            if r is None:  # not read this time (its owner's turn ended): first again next time
+                self._inflight.discard(name)
+                self.backlog.put_back(name, uid)
+            else:
+                ready.append((name, uid, r))
+        if err is not None:  # could not even open the first (EIO...): tried again shortly
+            self._reading = False
+            self._failed_once(f"could not read request {batch[0][0]} ({type(err).__name__}: {err})")
+            self._retry_later()
+            return
+        self._ready.extend(ready)
+        self._apply_ready()
+
+    def _apply_ready(self) -> None:
+        """Apply the requests read, in order, for at most SPOOL_BATCH_S a turn of the loop; then
+        the next batch is read."""
+        if self._stopped or self.closing():
+            self._ready.clear()
+            self._inflight.clear()
+            self._reading = False
+            return
         until = time.monotonic() + SPOOL_BATCH_S
-        while True:
-            if taken == SPOOL_BATCH or (taken and time.monotonic() > until):
-                # the rest after one turn of the event loop: jobs that ended meanwhile are
-                # reaped and their slots handed on, and requests that arrived meanwhile join
-                # the round, while a long backlog is being answered
-                self._more()
-                return
-            item = backlog.take()
-            if item is None:
-                break
-            name, uid = item
-            taken += 1
-            path = self.paths.queue / name
-            try:
-                self._process_request(path, uid)
-            except Pending as wait:  # e.g. a Slurm pool's check, off the loop: again after it
-                backlog.put_back(name, uid)
-                backlog.held.add(uid)
-                wait.on_ready(functools.partial(self._resume, uid))
-            except Exception as err:
-                backlog.put_back(name, uid)
-                why = f"could not apply request {name} ({type(err).__name__}: {err})"
-                if why != self._failed:  # once, not at every retry
-                    self._failed = why
-                    self.log_safely(
-                        f"{why}; it stays in {self.paths.queue} and is tried again every "
-                        f"{SPOOL_RETRY_S:.0f} s",
-                        level="ERROR",
+        with self.queue.deferred():
+            while self._ready:
+                if time.monotonic() > until:
+                    assert self.loop is not None
+                    self.loop.call_soon(self._apply_ready)  # the rest after one turn
+                    return
+                name, uid, read = self._ready.popleft()
+                try:
+                    self._process_request(self.paths.queue / name, uid, read)
+                except Pending as wait:  # e.g. a Slurm pool's check, off the loop: again after it
+                    self._hold(name, uid, wait)
+                    continue
+                except Exception as failure:
+                    for later, later_uid, _ in [(name, uid, read), *self._ready]:
+                        self._inflight.discard(later)
+                        self.backlog.put_back(later, later_uid)
+                    self._ready.clear()
+                    self._reading = False
+                    self._failed_once(
+                        f"could not apply request {name} ({type(failure).__name__}: {failure})"
                     )
-                self._retry_later()
-                return
-        self._failed = None
+                    self._retry_later()
+                    return
+                self._inflight.discard(name)
+            self._failed = None
+            self._reading = False
+            if self.backlog:
+                self._more()  # the next batch after one turn of the event loop
+
+    def _failed_once(self, why: str) -> None:
+        if why != self._failed:  # once, not at every retry
+            self._failed = why
+            self.log_safely(
+                f"{why}; it stays in {self.paths.queue} and is tried again every "
+                f"{SPOOL_RETRY_S:.0f} s",
+                level="ERROR",
+            )
 
     def _refuse_over_cap(self, refused: list[tuple[str, int]]) -> None:
         """Answer requests over their owner's cap with a refusal (off the event loop), and
@@ -247,6 +323,19 @@ class SpoolServer:
             )
             self._log_burst(("cap", uid), f"refused request {name} from {user}: {message}")
             self._answer_and_remove(self.paths.queue / name, {"error": message})
+
+    def _hold(self, name: str, uid: int, wait: Pending) -> None:
+        """`uid`'s request `name` waits for something off the loop: it and the owner's later
+        requests already read go back to the backlog (in order: its heaps are by name), the
+        owner is held until `wait` ends, and the other owners are served meanwhile."""
+        later = [item for item in self._ready if item[1] == uid]
+        for held_name, held_uid in [(name, uid), *((n, u) for n, u, _ in later)]:
+            self._inflight.discard(held_name)
+            self.backlog.put_back(held_name, held_uid)
+        if later:
+            self._ready = deque(item for item in self._ready if item[1] != uid)
+        self.backlog.held.add(uid)
+        wait.on_ready(functools.partial(self._resume, uid))
 
     def _resume(self, uid: int) -> None:
         """What `uid`'s first request waited for has ended (called from any thread): serve
@@ -320,12 +409,11 @@ class SpoolServer:
             assert self.loop is not None
             self._burst_timer = self.loop.call_later(SPOOL_LOG_WINDOW_S, self._flush_log)
 
-    def _process_request(self, path: Path, uid: int) -> None:
-        try:
-            req = spool.read(path)
-        except SpoolError as err:
-            self._reject(path, uid, str(err))
+    def _process_request(self, path: Path, uid: int, read: Request | SpoolError) -> None:
+        if isinstance(read, SpoolError):
+            self._reject(path, uid, str(read))
             return
+        req = read
         done = self.store.jobs.request_result(req.id)
         # applied before a crash: answer again from the store, do not apply twice
         if done is None:
@@ -434,3 +522,56 @@ class SpoolServer:
         user = spool.user_name(uid)
         self._log_burst(("reject", uid), f"rejected request {path.name} from {user}: {message}")
         self._answer_and_remove(path, {"error": message})
+
+
+def _read_batch(items: list[tuple[Path, int]]) -> list[Request | SpoolError | None]:
+    """In a worker thread: each request read (or why not; None: not read this time), by
+    position in the batch. Small requests (at most SPOOL_SMALL bytes: cheap to read) first,
+    each owner's up to its first large one; then the large ones in the batch's order until
+    SPOOL_BATCH_S seconds have gone (one at least): a user whose requests are costly to read
+    waits for them, not the users behind in the round. An owner's requests are read in their
+    order, and one not read leaves that owner's later ones for the next batch. An OSError other
+    than what `spool.read` answers does the same (when nothing could be read: raised, and the
+    loop tries again a moment later)."""
+    out: list[Request | SpoolError | None] = [None] * len(items)
+    until = time.monotonic() + SPOOL_BATCH_S
+    stopped: set[int] = set()  # owners whose next request is large (pass 1) or not read
+    done = 0
+    failed: list[OSError] = []
+
+    def read(i: int, path: Path, uid: int) -> None:
+        nonlocal done
+        try:
+            out[i] = spool.read(path)
+        except SpoolError as err:
+            out[i] = err
+        except OSError as err:
+            failed.append(err)
+            stopped.add(uid)
+            return
+        done += 1
+
+    large: list[int] = []
+    for i, (path, uid) in enumerate(items):  # pass 1: the small ones
+        if uid in stopped:
+            continue
+        if _small(path):
+            read(i, path, uid)
+        else:
+            stopped.add(uid)
+            large.append(i)
+    for i in large:  # pass 2: the large ones, each owner's first, while there is time
+        path, uid = items[i]
+        if done and time.monotonic() > until:
+            break
+        read(i, path, uid)
+    if not done and failed:
+        raise failed[0]
+    return out
+
+
+def _small(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size <= SPOOL_SMALL
+    except OSError:
+        return True  # gone: reading it says so at once

@@ -4,11 +4,13 @@
     job 7 ended: trial 2 of experiment 1, user alice, slots [0]; it exited with code 0; queued again
 
 They go to the daemon's log only (not the store's events: a queue of short commands would
-flood them); an embedded run (`det-local run`) prints neither.
+flood them); an embedded run (`det-local run`) prints neither. A command's name (its argv
+joined, unless named) is shown with secret-looking option values hidden, as `cmd list` shows it.
 """
 
 from __future__ import annotations
 
+from det_local.masking import hide_secrets_in_line
 from det_local.sched.life.outcome import describe_exit
 from det_local.store.states import JobKind, JobState
 from det_local.store.tables.jobs import JobRecord
@@ -23,7 +25,10 @@ def what(job: JobRecord) -> str:
         if job.kind != JobKind.TRIAL:
             thing = f"{job.kind.lower()} ({thing})"
     else:
-        name = job.name if len(job.name) <= NAME_MAX else job.name[: NAME_MAX - 3] + "..."
+        # by default a command's argv joined: secret-looking values hidden as `cmd list` hides
+        # them (det_local/masking.py), before it is cut
+        name = hide_secrets_in_line(job.name)
+        name = name if len(name) <= NAME_MAX else name[: NAME_MAX - 3] + "..."
         thing = f"{job.kind.lower()} {name!r}"
     return f"{thing}, user {job.user}, slots {list(job.slots)}"
 

@@ -22,8 +22,12 @@ The socket is an authority, not a pipe. A root daemon opens it to every user (mo
   sessions; a session frame is at most ``rpc.SESSION_MAX_FRAME`` bytes, and a uid reads at most
   ``LARGE_READS_PER_UID`` frames over ``LARGE_FRAME`` bytes at a time (the others wait, unread, in
   their sockets); every frame is decoded within its budget (``wire/budget.py``: TRIAL_HELLO,
-  TRIAL_SESSION), found over it before anything is built (one line back to the sender, one
-  rate-limited line in the log), and a frame over ``LARGE_FRAME`` is decoded off the event loop;
+  TRIAL_SESSION: bytes, values, maps and arrays, nesting), found over it before anything is built
+  (one line back to the sender, one rate-limited line in the log, the session closed); a frame
+  over ``DECODE_ON_LOOP_MAX`` is decoded off the event loop, one such frame at a time for the whole
+  daemon (a frame within TRIAL_SESSION decodes to at most ~7 MB, so three users' frames in
+  flight cost their bytes and one decode); a frame whose fields its handler cannot read
+  (malformed) is refused the same way and closes its session;
   replies wait for the client to read (drain) and a client whose unread replies pile up past
   ``WRITE_MAX`` is dropped.
 """
@@ -38,6 +42,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,6 +57,9 @@ if TYPE_CHECKING:
 
 PENDING_PER_UID = 16  # connections of one uid that have not said hello yet
 SESSIONS_PER_UID = 512  # authenticated connections of one uid (16-rank trials, many of them)
+# frames over this many bytes are decoded by the decoder thread, not on the event loop (the
+# scan and the decode of 16 KiB cost a few ms at most; of 256 KiB of small values, ~30 ms)
+DECODE_ON_LOOP_MAX = 16 * 1024
 LARGE_FRAME = 256 * 1024  # frames over this many bytes ...
 LARGE_READS_PER_UID = 2  # ... are read this many at a time per uid
 PEEK_BYTES = 64 * 1024  # of a large frame, checked against its budget before the rest is read
@@ -97,9 +105,17 @@ class SocketState:
     pending: Counter[int] = field(default_factory=Counter)
     sessions: Counter[int] = field(default_factory=Counter)
     large_reads: dict[int, asyncio.Semaphore] = field(default_factory=dict)
+    decoder: Executor | None = None  # one thread decodes the large frames, one at a time
+    # ... and one frame decoded at a time, handed to its session before the next is decoded
+    decode_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # (uid, what) -> (minute's start, lines logged, lines left out)
     notes: dict[tuple[int, str], tuple[float, int, int]] = field(default_factory=dict)
     warned: set[tuple[int, str]] = field(default_factory=set)  # (trial, metric) non-finite
+
+    def decoding(self) -> tuple[Executor, asyncio.Lock]:
+        if self.decoder is None:
+            self.decoder = ThreadPoolExecutor(1, thread_name_prefix="det-local-frames")
+        return self.decoder, self.decode_lock
 
     def large(self, uid: int) -> asyncio.Semaphore:
         sem = self.large_reads.get(uid)
@@ -116,27 +132,42 @@ class FrameTooLarge(Exception):
 
 
 async def _read_frame(
-    reader: asyncio.StreamReader, limit: int, large: asyncio.Semaphore | None, budget: Budget
+    reader: asyncio.StreamReader,
+    limit: int,
+    large: asyncio.Semaphore | None,
+    budget: Budget,
+    decoder: tuple[Executor, asyncio.Lock] | None = None,
 ) -> dict[str, Any]:
     """One frame, decoded within `budget` (rpc.FrameError naming the limit otherwise). A large
-    frame is read while holding one of its uid's large-read slots and decoded off the event
-    loop (a refused one costs milliseconds either way: wire/budget.py stops at the limit)."""
+    frame is read while holding one of its uid's large-read slots (into one buffer, a chunk at
+    a time: its bytes are held once) and decoded off the event loop, by ``decoder`` when given
+    (the daemon's one thread for them: one decode at a time, and one thread's malloc arena
+    holding what they leave; a refused one costs its bytes and the scan up to the limit:
+    wire/budget.py stops there)."""
     (size,) = rpc.HEADER.unpack(await reader.readexactly(rpc.HEADER.size))
     if size > limit:
         raise FrameTooLarge(size, limit)
     if large is not None and size > LARGE_FRAME:
         async with large:
             # its first bytes first: a bomb shows itself there, and the rest is never read
-            head = await reader.readexactly(PEEK_BYTES)
+            body = bytearray(await reader.readexactly(PEEK_BYTES))
             try:
-                wire.scan(head, budget, total=size)
+                wire.scan(body, budget, total=size)
             except wire.Refused as err:
                 raise rpc.FrameError(f"frame refused: {err}") from None
-            body = head + await reader.readexactly(size - PEEK_BYTES)
+            while len(body) < size:
+                body += await reader.readexactly(min(PEEK_BYTES, size - len(body)))
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, rpc.unpack, body, budget)
-    body = await reader.readexactly(size)
-    return rpc.unpack(body, budget)
+            if decoder is None:
+                return await loop.run_in_executor(None, rpc.unpack, body, budget)
+            async with decoder[1]:
+                return await loop.run_in_executor(decoder[0], rpc.unpack, body, budget)
+    body_bytes = await reader.readexactly(size)
+    if decoder is not None and size > DECODE_ON_LOOP_MAX:  # up to ~20 ms to decode: not here
+        async with decoder[1]:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(decoder[0], rpc.unpack, body_bytes, budget)
+    return rpc.unpack(body_bytes, budget)
 
 
 class Sessions(Protocol):
@@ -183,6 +214,8 @@ class TrialServer:
         os.chmod(sock, 0o666 if os.geteuid() == 0 else 0o600)
 
     async def stop(self) -> None:
+        if self.state.decoder is not None:
+            self.state.decoder.shutdown(wait=False)
         if self.channel is not None:
             await self.channel.stop()
         if self.server is not None:
@@ -268,7 +301,9 @@ class TrialServer:
         try:
             large = st.large(uid)
             while True:
-                msg = await _read_frame(reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION)
+                msg = await _read_frame(
+                    reader, rpc.SESSION_MAX_FRAME, large, TRIAL_SESSION, st.decoding()
+                )
                 if not self.sessions.is_live(run):
                     if msg.get("t") == "bye":  # a goodbye after its run ended (core_v2's
                         # close: `end`, then bye): nothing refused, nothing to log
@@ -280,7 +315,9 @@ class TrialServer:
                     if "id" in msg:
                         send(writer, {"t": "reply", "id": msg["id"], "error": why})
                     return
-                self._handle(run, msg, writer, uid)
+                if not self._handle(run, msg, writer, uid):
+                    return  # malformed: refused (told and logged), closed
+                del msg  # not kept while the next frame is awaited (a large one's ~7 MB)
                 if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                     await writer.drain()  # not read further until the client reads its replies
         except FrameTooLarge as err:
@@ -394,9 +431,11 @@ class TrialServer:
 
     def _handle(
         self, run: TrialRun, msg: dict[str, Any], writer: asyncio.StreamWriter, uid: int
-    ) -> None:
+    ) -> bool:
         """One frame of a session: its handler's value or one-line error as the reply (when
-        the frame asks for one); refusals and malformed frames are logged."""
+        the frame asks for one); refusals are logged. False for a malformed frame (a field its
+        handler cannot read): refused in one line (logged, and sent as ``refused``), and the
+        session is to be closed, as for a frame over its budget."""
         kind = msg.get("t")
         value: Any = None
         error: str | None = None
@@ -405,7 +444,7 @@ class TrialServer:
             if isinstance(value, asyncio.Future):  # relayed to the trial's owner: answered later
                 if "id" in msg:
                     value.add_done_callback(lambda f: _reply_later(f, msg["id"], writer))
-                return
+                return True
         except Refused as err:
             error = str(err)
             self.refuse(uid, run, kind_of(msg), error)
@@ -413,7 +452,10 @@ class TrialServer:
             error = str(err)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             error = f"malformed {str(kind)[:40]!r} message ({type(err).__name__}: {err})"[:300]
-            self.refuse(uid, run, kind_of(msg), error)
+            why = f"frame refused: {error}; closed"
+            self.refuse(uid, run, "frame", why)
+            send(writer, {"t": "refused", "error": why})
+            return False
         if "id" in msg:
             reply: dict[str, Any] = {"t": "reply", "id": msg["id"]}
             if error is not None:
@@ -421,6 +463,7 @@ class TrialServer:
             else:
                 reply["value"] = value
             send(writer, reply)
+        return True
 
 
 def _reply_later(fut: asyncio.Future[Any], msg_id: Any, writer: asyncio.StreamWriter) -> None:
