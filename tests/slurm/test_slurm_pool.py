@@ -92,8 +92,8 @@ def test_pause_activate_resumes_exactly_and_kill_empties_squeue(
 ) -> None:
     start_daemon(dl, slurm)
     hp = {"batches": 16, "ckpt_every": 4, "hold_at": 6, "record": str(dl.record_path)}
-    cfg, ctx = dl.trainer(hp, HPC)
-    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    cfg, ctx = dl.trainer(hp)  # the YAML names no pool: `--pool hpc` sends it to Slurm
+    assert dl.det("run", "--detach", "--pool", "hpc", cfg, ctx).rc == 0
     wait_for(lambda: dl.store().get_trial(1).steps_completed >= 6, timeout=60, what="batch 6")
     first = slurm_ids(dl)[0]
     assert str(first) in slurm.queue()
@@ -108,6 +108,11 @@ def test_pause_activate_resumes_exactly_and_kill_empties_squeue(
     runs = records(dl)
     assert [r["start"] for r in runs] == [0, 6]
     assert submissions(dl) == 2  # a new Slurm job resumed it
+    # its log says where the second job started, as a local run's does (issue 36)
+    (ckpt,) = [c for c in dl.checkpoints(1) if c.steps_completed == 6]
+    logs = dl.det("trial", "logs", 1).out
+    assert logs.count("resuming from checkpoint") == 1, logs
+    assert f"trial 1 run 2: resuming from checkpoint {ckpt.uuid} at batch 6\n" in logs, logs
 
     # kill: scancel, nothing left in squeue
     hp = {"batches": 10, "hold_at": 2}
