@@ -60,9 +60,9 @@ def run_experiment(
     overrides: dict[str, Any] | None = None,
 ) -> int:
     """``overrides``: `--config` edits laid over the file's config before it is checked."""
-    from det_local.config import load_config
+    from det_local.config.overrides import load_edited
 
-    cfg = load_config(config_path, overrides)
+    cfg = load_edited(config_path, overrides or {})
     return run_config(
         paths,
         cfg,

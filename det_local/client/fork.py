@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from det_local.errors import ConfigError, DetLocalError
+from det_local.errors import DetLocalError
 from det_local.store.paths import Paths
 
 if TYPE_CHECKING:

@@ -257,11 +257,14 @@ def _yaml_message(err: yaml.MarkedYAMLError, source: str) -> str:
     return f"{where}: malformed YAML{at}: {problem}{context}; {todo}"
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read, validate and fill in an experiment config YAML file. Raises ConfigError.
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read, validate and fill in an experiment config YAML file. Raises ConfigError."""
+    return parse_config(read_mapping(path), str(path))
 
-    ``overrides``: `--config` edits (`overrides.parse_overrides`) laid over the file's mapping
-    before it is checked, so an edit is validated exactly as the file's own values are."""
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The config file's top-level mapping, read bounded and unchecked (`load_config` checks
+    it; `overrides.load_edited` lays `--config` edits over it first). Raises ConfigError."""
     source = str(path)
     file = Path(path)
     try:
@@ -295,10 +298,4 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
             f"{source}: expected a YAML mapping of config fields (entrypoint, searcher, ...) "
             f"at the top level, found {kind}"
         )
-    if overrides:
-        from det_local.config.overrides import check_hyperparameter_names, merge
-
-        check_hyperparameter_names(raw.get("hyperparameters"), overrides, source)
-        raw = merge(raw, overrides)
-        source = f"{source} with the --config edits"
-    return parse_config(raw, source)
+    return raw

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from det_local.errors import ConfigError
+
+if TYPE_CHECKING:
+    from det_local.config.experiment import ExperimentConfig
 
 EXAMPLE = "--config searcher.max_length.batches=600"
 
@@ -53,6 +56,19 @@ def parse_overrides(pairs: list[str], config_file: Path | None = None) -> dict[s
             node = child
         node[parts[-1]] = value
     return out
+
+
+def load_edited(path: Path, overrides: dict[str, Any]) -> ExperimentConfig:
+    """The config file with the edits laid over its mapping, then checked as the file is (so
+    an edit's errors are the file's: one line, the field's dotted path, a did-you-mean)."""
+    from det_local.config.experiment import parse_config
+    from det_local.config.load import load_config, read_mapping
+
+    if not overrides:
+        return load_config(path)
+    raw = read_mapping(path)
+    check_hyperparameter_names(raw.get("hyperparameters"), overrides, str(path))
+    return parse_config(merge(raw, overrides), f"{path} with the --config edits")
 
 
 def merge(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
