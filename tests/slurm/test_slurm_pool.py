@@ -73,6 +73,11 @@ def test_core_api_trial_runs_as_a_slurm_job(dl: Env, slurm: slurmkit.Slurm) -> N
     probe = json.loads(r.out.split("PROBE ", 1)[1].splitlines()[0])
     (job,) = dl.jobs()
     assert probe["slurm_job"] == str(job.pid)  # the run was that Slurm job
+    # and `run` said so, as `trial describe` does (issue 36)
+    assert f"trial 1 -> Slurm job {job.pid} (pool hpc)\n" in r.out, r.out
+    described = dl.det("trial", "describe", 1).out
+    assert f"  Slurm job:         {job.pid} (pool hpc)\n" in described, described
+    assert dl.json("trial", "describe", 1)["slurm_job"] == {"pool": "hpc", "id": job.pid}
     assert probe["trial_id"] == 1 and probe["slot_ids"] == [0]
     assert {"DET_EXPERIMENT_ID", "DET_TRIAL_ID", "DET_HPARAMS"} <= set(probe["det_vars"])
     assert [m.metrics["loss"] for m in dl.metrics(1, "training")] == [0.5]
