@@ -301,3 +301,40 @@ def test_cmd_run_in_a_slurm_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
         "error: --pool: pool 'gpus' does not exist; pools: default, hpc "
         f"(add it under resource_pools: in {dl.paths.settings})"
     ), r
+
+
+def test_a_job_waiting_in_slurm_is_pending_with_slurms_reason(
+    dl: Env, slurm: slurmkit.Slurm
+) -> None:
+    """`job list` showed such a job SCHEDULED with Slots 0/0 (issue 36): it is PENDING with
+    the reason squeue gives, until Slurm starts it."""
+    from tests.support.slurmctl import job_fields
+
+    start_daemon(dl, slurm)
+    # the only node is taken whole: the trial's job waits in Slurm's queue
+    blocker = slurm.run(
+        "sbatch", "--parsable", "--exclusive", "-p", "debug", "-o", "/dev/null", "--wrap",
+        "sleep 600",
+    ).stdout.strip()  # fmt: skip
+    try:
+        wait_for(lambda: blocker in slurm.queue(), what="the blocking job")
+        cfg, ctx = dl.trainer({"batches": 2, "record": str(dl.record_path)})
+        assert dl.det("run", "--detach", "--pool", "hpc", cfg, ctx).rc == 0
+
+        def pool_state() -> str | None:
+            (job,) = dl.json("job", "list")
+            return job["pool_state"]
+
+        wait_for(lambda: (pool_state() or "").startswith("PENDING ("), timeout=60, what="PENDING")
+        (job,) = dl.json("job", "list")
+        reason = job_fields(slurm, job["pid"])["Reason"]
+        assert reason in ("Resources", "Priority"), reason
+        wait_for(lambda: pool_state() == f"PENDING ({reason})", timeout=30, what="the reason")
+        dl.setenv(COLUMNS="300")  # whole cells in a pipe
+        row = dl.det("job", "list").out.splitlines()[2]
+        assert f"| PENDING ({reason}) |" in row and f"hpc (Slurm job {job['pid']})" in row, row
+    finally:
+        slurm.run("scancel", blocker, check=False)
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=90, what="completion")
+    assert dl.json("job", "list") == []
+    assert dl.store().jobs.waiting() == {}  # nothing left behind once it ran
