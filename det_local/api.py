@@ -46,24 +46,49 @@ def run(
     quiet: bool = False,
     test_mode: bool = False,
     anywhere: bool = False,
+    overrides: dict[str, Any] | None = None,
+    pool: str | None = None,
 ) -> int:
     """Submit an experiment and, with follow=True, run it to the end; returns the exit code.
 
     anywhere: as `resources.federate: true` (a trial may run on an idle peer of the cluster).
 
+    overrides: `--config` edits (`config.overrides.parse_overrides`) laid over the file's
+    config before it is checked; pool: `--pool NAME`, as the edit
+    `resources.resource_pool=NAME` made after them (a pool that does not exist refused here).
+
     test_mode: Determined's test mode (one batch, validate, checkpoint, restore in a new
     process, one more batch); prints the pass/fail report and returns 0 only if all passed."""
     from det_local.client.embedded import run_experiment
 
+    p = paths()
+    if pool is not None:
+        overrides = with_pool(p, overrides or {}, pool)
     return run_experiment(
-        paths(),
+        p,
         Path(config_path),
         Path(context_dir),
         follow=follow,
         quiet=quiet,
         test_mode=test_mode,
         anywhere=anywhere,
+        overrides=overrides,
     )
+
+
+def with_pool(p: Paths, overrides: dict[str, Any], pool: str) -> dict[str, Any]:
+    """`--pool NAME` laid over the `--config` edits, once daemon.yaml's pools (the ones the
+    engine checks again at submission) say it exists."""
+    from det_local.config.overrides import merge
+    from det_local.pools import load_pools
+
+    try:
+        pools = load_pools(p.settings)
+    except OSError:  # daemon.yaml not readable by this user: the engine's check decides
+        pools = None
+    if pools is not None:
+        pools.check_pool(pool, "--pool")
+    return merge(overrides, {"resources": {"resource_pool": pool}})
 
 
 def create_experiment(
@@ -73,6 +98,8 @@ def create_experiment(
     follow: bool,
     test_mode: bool = False,
     anywhere: bool = False,
+    overrides: dict[str, Any] | None = None,
+    pool: str | None = None,
 ) -> int:
     """`experiment create`: submit to the running engine and return 0 at once (the id is
     printed), or with follow=True run and follow as `run` does (an embedded engine when none
@@ -87,7 +114,15 @@ def create_experiment(
                 f"no det-local daemon is running for {p.home}: `det-local daemon start` "
                 "first, or `det-local experiment create -f` runs the experiment in this terminal"
             )
-    return run(config_path, context_dir, follow=follow, test_mode=test_mode, anywhere=anywhere)
+    return run(
+        config_path,
+        context_dir,
+        follow=follow,
+        test_mode=test_mode,
+        anywhere=anywhere,
+        overrides=overrides,
+        pool=pool,
+    )
 
 
 def fork_experiment(experiment_id: int, overrides: dict[str, Any], *, follow: bool) -> int:

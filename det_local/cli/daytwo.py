@@ -133,6 +133,7 @@ def continue_experiment(
     config changed where the overrides say (Determined's `det experiment continue`). With no
     daemon running it runs here, in the foreground, as `experiment activate` does."""
     from det_local import api
+    from det_local.config.overrides import parse_overrides
 
     overrides = parse_overrides(config, config_file)
     print(api.control(experiment_id, "continue", overrides=overrides))
@@ -158,50 +159,9 @@ def fork_experiment(
     its config with the edits laid over it, checked as a config file is, and its context
     snapshot (read with your rights: a private experiment is its owner's to fork)."""
     from det_local import api
+    from det_local.config.overrides import parse_overrides
 
     overrides = parse_overrides(config, config_file)
     code = api.fork_experiment(experiment_id, overrides, follow=follow)
     if code:
         raise typer.Exit(code)
-
-
-def parse_overrides(pairs: list[str], config_file: Path | None) -> dict[str, object]:
-    """`--config-file` then each `--config a.b=VALUE` (VALUE read as YAML) as one nested
-    mapping."""
-    import yaml
-
-    from det_local.errors import ConfigError
-
-    out: dict[str, object] = {}
-    if config_file is not None:
-        from det_local.config.limits import read_config_bytes
-
-        try:
-            text = read_config_bytes(config_file, "--config-file").decode("utf-8", "replace")
-            loaded = yaml.safe_load(text)
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"cannot read --config-file {config_file}: {err}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config-file {config_file} must hold a mapping of overrides")
-        out.update(loaded)
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        if not eq or not key or any(not part for part in key.split(".")):
-            raise ConfigError(
-                f"--config {pair!r}: expected KEY=VALUE with a dotted key, e.g. "
-                "--config searcher.max_length.batches=600"
-            )
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config {pair!r}: the value is not YAML ({err})") from None
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[parts[-1]] = value
-    return out

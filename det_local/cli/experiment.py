@@ -65,12 +65,38 @@ def create(
             "to that machine, which reports the trials' output, metrics and exit status.",
         ),
     ] = False,
+    config_edits: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            metavar="KEY=VALUE",
+            help="A config edit laid over CONFIG, Determined's dotted keys, a YAML value "
+            "(repeatable), checked as the file is: --config resources.resource_pool=hpc",
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool",
+            metavar="NAME",
+            help="The resource pool its trials run in: --config resources.resource_pool=NAME.",
+        ),
+    ] = None,
 ) -> None:
     """Submit an experiment to the running daemon and print its id (Determined's
     `det e create`); with -f, follow it as `det-local run` does (exit status as run's)."""
     from det_local import api
+    from det_local.config.overrides import parse_overrides
 
-    code = api.create_experiment(config, context, follow=follow, test_mode=test, anywhere=anywhere)
+    code = api.create_experiment(
+        config,
+        context,
+        follow=follow,
+        test_mode=test,
+        anywhere=anywhere,
+        overrides=parse_overrides(config_edits or []),
+        pool=pool,
+    )
     if code:
         raise typer.Exit(code)
 

@@ -77,8 +77,11 @@ def job_list(show_all: bool, limit: int | None, as_json: bool) -> None:
     jobs = clusterviews.queue(include_done=show_all, limit=limit)
     pools = clusterviews.job_pools(jobs)
     pooled = any(p != "default" for p in pools.values())  # a Pool column only when it says much
+    waits = clusterviews.pool_waits(jobs) if pooled else {}
     rows = []
     for i, j in enumerate(jobs):
+        # a run still in its pool's queue: Slurm's state and reason, not SCHEDULED
+        state = waits.get(j.id, j.state)
         submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at))
         rows.append(
             [
@@ -89,7 +92,7 @@ def job_list(show_all: bool, limit: int | None, as_json: bool) -> None:
                 j.priority,
                 submitted,
                 f"{len(j.slots)}/{j.slots_needed}",
-                f"{j.state} (on {peer})" if (peer := clusterviews.ran_on(j)) else j.state,
+                f"{state} (on {peer})" if (peer := clusterviews.ran_on(j)) else state,
                 j.user,
             ]
             + ([_pool_cell(pools[j.id], j)] if pooled else [])

@@ -32,15 +32,37 @@ def run_command(
         "config, context and hyperparameters travel to that machine, which reports the "
         "trial's output, metrics and exit status.",
     ),
+    config_edits: list[str] = typer.Option(
+        [],
+        "--config",
+        metavar="KEY=VALUE",
+        help="A config edit laid over CONFIG, Determined's dotted keys, a YAML value "
+        "(repeatable), checked as the file is: --config hyperparameters.lr=0.01",
+    ),
+    pool: str | None = typer.Option(
+        None,
+        "--pool",
+        metavar="NAME",
+        help="The resource pool its trials run in (`det-local slots` lists them): "
+        "--config resources.resource_pool=NAME.",
+    ),
 ) -> None:
     """Run an experiment: prints its id, streams the trials' output, ends with a summary.
 
     Exit status: 0 COMPLETED, 1 ERROR, 2 CANCELED, 3 PAUSED. Ctrl-C pauses (the trials
     checkpoint); `det-local experiment activate ID` resumes."""
     from det_local import api
+    from det_local.config.overrides import parse_overrides
 
     code = api.run(
-        config, context, follow=not detach, quiet=quiet, test_mode=test, anywhere=anywhere
+        config,
+        context,
+        follow=not detach,
+        quiet=quiet,
+        test_mode=test,
+        anywhere=anywhere,
+        overrides=parse_overrides(config_edits),
+        pool=pool,
     )
     if code:
         raise typer.Exit(code)

@@ -111,7 +111,9 @@ def describe(
     """Show a trial: state, hyperparameters, latest metrics and checkpoints."""
     from det_local import api
     from det_local.cli.common import print_json
+    from det_local.pools import pool_job
     from det_local.tables import wrap_lines
+    from det_local.textsafe import visible
     from det_local.views import experiments as expviews
 
     if as_json:
@@ -135,6 +137,8 @@ def describe(
     ]
     if t.warm_start_checkpoint:
         lines.append(f"  Warm start:        {t.warm_start_checkpoint}")
+    if pooled := pool_job(store, t.experiment_id, t.id):
+        lines.append(f"  Slurm job:         {pooled[1]} (pool {visible(pooled[0])})")
     lines += [f"  Started:           {fmt_time(t.created_at)}"]
     lines += [f"  Ended:             {fmt_time(t.ended_at)}"]
     if t.message:

@@ -57,15 +57,17 @@ def run_experiment(
     test_mode: bool = False,
     finish: Finish | None = None,
     anywhere: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> int:
-    from det_local.config import load_config
+    """``overrides``: `--config` edits laid over the file's config before it is checked."""
+    from det_local.config.overrides import load_edited
 
-    cfg = load_config(config_path)
+    cfg = load_edited(config_path, overrides or {})
     return run_config(
         paths,
         cfg,
         context_dir,
-        str(config_path),
+        f"{config_path} with the --config edits" if overrides else str(config_path),
         follow=follow,
         quiet=quiet,
         test_mode=test_mode,

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import IO, Any
 
 from det_local.store.db import Store
 from det_local.store.logtail import LogTail, follow_async
 from det_local.store.paths import Paths
 from det_local.store.states import CheckpointState, JobState, State
+
+POOL_CHECK_S = 0.5  # how often a follower looks for a pool's job ids (a search's many trials)
 
 
 class Follower:
@@ -48,6 +51,9 @@ class Follower:
         self._stop = False
         self._search: SearchProgress | None = None
         self._search_checked = False
+        self._pooled: bool | None = None  # its trials run in a pool other than this machine's
+        self._pool_jobs: dict[int, int] = {}  # trial id -> the pool's job announced for it
+        self._pool_checked_at = 0.0
 
     def stop(self) -> None:
         self._stop = True
@@ -56,8 +62,36 @@ class Follower:
         """Prints what is new; returns whether any trial output was read."""
         trials = self.store.list_trials(self.experiment_id)
         got = self._pump_logs(trials)
+        self._pump_pool_jobs(trials)
         self._pump_progress(trials)
         return got
+
+    def _pump_pool_jobs(self, trials: list[Any]) -> None:
+        """A trial of a Slurm pool: `trial 1 -> Slurm job 4 (pool hpc)` once Slurm accepted
+        each of its runs (looked at every POOL_CHECK_S, never for this machine's pool), between
+        whole lines of output as the search's lines are."""
+        if self.out is None or self._pooled is False:
+            return
+        now = time.monotonic()
+        if now - self._pool_checked_at < POOL_CHECK_S:
+            return
+        self._pool_checked_at = now
+        from det_local.pools import pool_job
+
+        if self._pooled is None:
+            rec = self.store.get_experiment(self.experiment_id)
+            pool = (rec.config.get("resources") or {}).get("resource_pool")
+            self._pooled = bool(pool) and pool != "default"
+            if not self._pooled:
+                return
+        for t in trials:
+            if t.state != State.ACTIVE:
+                continue
+            found = pool_job(self.store, self.experiment_id, t.id)
+            if found is not None and self._pool_jobs.get(t.id) != found[1]:
+                self._pool_jobs[t.id] = found[1]
+                self.out.write(f"trial {t.id} -> Slurm job {found[1]} (pool {found[0]})\n")
+                self.out.flush()
 
     def _pump_progress(self, trials: list[Any]) -> None:
         if self.out is None:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from det_local.errors import ConfigError, DetLocalError
+from det_local.errors import DetLocalError
 from det_local.store.paths import Paths
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def forked_config(
 ) -> tuple[ExperimentConfig, Path, str]:
     """(the fork's config, the original's context snapshot, the name messages give it)."""
     from det_local.config import parse_config
-    from det_local.sched.daytwo.cont import merge
+    from det_local.config.overrides import check_hyperparameter_names, merge
     from det_local.sched.sessions.unmanaged import is_unmanaged
     from det_local.store.db import Store
 
@@ -56,7 +56,9 @@ def forked_config(
             f"cannot read experiment {experiment_id}'s context snapshot ({private}): it is "
             f"private to {rec.user} (only its owner and the admin group may fork it)"
         )
-    check_hyperparameter_names(rec.config.get("hyperparameters"), overrides, experiment_id)
+    check_hyperparameter_names(
+        rec.config.get("hyperparameters"), overrides, f"experiment {experiment_id}"
+    )
     source = f"experiment {experiment_id}'s config with the --config edits"
     cfg = parse_config(merge(rec.config, overrides), source=source)
     return cfg, context, source
@@ -78,29 +80,3 @@ def _unreadable(context: Path) -> str | None:
             if not os.path.islink(path) and not os.access(path, os.R_OK):
                 return path
     return failed[0] if failed else None
-
-
-def check_hyperparameter_names(
-    original: Any, overrides: dict[str, Any], experiment_id: int
-) -> None:
-    """Refuse an override under `hyperparameters` that names what the original does not
-    define while it is close to a name it does (a typo would otherwise run the original's
-    value under the name the code reads)."""
-    from det_local.suggest import closest
-
-    def walk(defined: Any, edits: Any, path: str) -> None:
-        if not isinstance(defined, dict) or not isinstance(edits, dict):
-            return
-        for key, value in edits.items():
-            here = f"{path}.{key}"
-            if key in defined:
-                walk(defined[key], value, here)
-                continue
-            guess = closest(key, [str(k) for k in defined])
-            if guess is not None:
-                raise ConfigError(
-                    f"--config {here}: experiment {experiment_id} has no {here}; did you "
-                    f"mean '{path}.{guess}'?"
-                )
-
-    walk(original, overrides.get("hyperparameters"), "hyperparameters")

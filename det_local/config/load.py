@@ -258,6 +258,12 @@ def _yaml_message(err: yaml.MarkedYAMLError, source: str) -> str:
 
 def load_config(path: str | Path) -> ExperimentConfig:
     """Read, validate and fill in an experiment config YAML file. Raises ConfigError."""
+    return parse_config(read_mapping(path), str(path))
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The config file's top-level mapping, read bounded and unchecked (`load_config` checks
+    it; `overrides.load_edited` lays `--config` edits over it first). Raises ConfigError."""
     source = str(path)
     file = Path(path)
     try:
@@ -285,4 +291,4 @@ def load_config(path: str | Path) -> ExperimentConfig:
             f"{source}: expected a YAML mapping of config fields (entrypoint, searcher, ...) "
             f"at the top level, found {kind}"
         )
-    return parse_config(raw, source)
+    return raw

@@ -36,6 +36,25 @@ def is_default(name: str | None) -> bool:
     return not name or name == DEFAULT
 
 
+def pool_job(store: Any, experiment_id: int, trial_id: int) -> tuple[str, int] | None:
+    """(pool, Slurm job id) of the trial's latest run, for a trial of a pool other than this
+    machine's whose job Slurm has accepted (the job's pid column holds the Slurm job id);
+    None otherwise."""
+    from det_local.errors import DetLocalError
+
+    try:
+        config = store.get_experiment(experiment_id).config
+    except DetLocalError:
+        return None
+    name = (config.get("resources") or {}).get("resource_pool")
+    if is_default(name) or not isinstance(name, str):
+        return None
+    job = store.jobs.for_trial(trial_id)
+    if job is None or not job.pid:
+        return None
+    return name, int(job.pid)
+
+
 @dataclass(frozen=True)
 class Pools:
     """The pools this engine knows: the default one and daemon.yaml's."""

@@ -63,6 +63,7 @@ class SlurmRun:
     cancelled: bool = False  # det-local cancelled it (kill, or a preemption that timed out)
     submission: submitter.Submission | None = None  # its sbatch, until Slurm gave the job id
     queued: bool = True  # not started yet: being submitted, or PENDING in Slurm
+    waiting: str | None = "SUBMITTING (sbatch)"  # `job list`'s state while not running
     unstarted: str | None = None  # Slurm refused it (sbatch's line): it never ran
     nodes: int = rankexit.MAX_NODES  # Slurm nodes it asked for (adopted: not known)
     failed: str | None = None  # over several nodes: which failed first (`rankexit.py`)
@@ -161,6 +162,11 @@ class SlurmLauncher:
             handle.pid = sub.job_id  # the supervisor records it
         st = self.poller.state(handle.pid)
         handle.queued = st is None or st.state == "PENDING"
+        # what `job list` shows: Slurm's PENDING and its reason (Resources, Priority, ...)
+        if not handle.queued:
+            handle.waiting = None
+        elif st is not None:
+            handle.waiting = f"PENDING ({st.reason})" if st.reason else "PENDING"
         if st is None or not (st.ended or st.state == "GONE"):
             return None
         code = self._settle(handle, st)

@@ -23,10 +23,28 @@ def jobs_json(*, include_done: bool = False, limit: int | None = None) -> list[d
     """`job list --json`: each job with its place in the queue ("position", from 1)."""
     jobs = queue(include_done=include_done, limit=limit)
     where = job_pools(jobs)
+    waits = pool_waits(jobs)
     return [
-        {**j.to_json(), "position": i + 1, "pool": where[j.id], "ran_on": ran_on(j)}
+        {
+            **j.to_json(),
+            "position": i + 1,
+            "pool": where[j.id],
+            "ran_on": ran_on(j),
+            # its run waits in its pool's own queue: "PENDING (Resources)" (Slurm's reason)
+            "pool_state": waits.get(j.id),
+        }
         for i, j in enumerate(jobs)
     ]
+
+
+def pool_waits(jobs: list[Any]) -> dict[int, str]:
+    """Scheduled jobs whose run still waits in its pool's own queue, and how: a Slurm job
+    "PENDING (Resources)" (Slurm's reason, from the pool's squeue poller), or
+    "SUBMITTING (sbatch)" before Slurm answered."""
+    scheduled = {j.id for j in jobs if j.state == JobState.SCHEDULED}
+    if not scheduled:
+        return {}
+    return {k: v for k, v in open_store().jobs.waiting().items() if k in scheduled}
 
 
 def job_pools(jobs: list[Any]) -> dict[int, str]:

@@ -255,8 +255,13 @@ def trial_json(trial_id: int) -> dict[str, Any]:
     t = store.get_trial(trial_id)
     training = store.latest_metrics(trial_id, TRAINING)
     validation = store.latest_metrics(trial_id, VALIDATION)
+    from det_local.pools import pool_job
+
+    pooled = pool_job(store, t.experiment_id, trial_id)
     return {
         "trial": t.to_json(),
+        # a run in a Slurm pool: that pool and the Slurm job of its latest run
+        "slurm_job": None if pooled is None else {"pool": pooled[0], "id": pooled[1]},
         # Determined 0.38's log_policies its output matched: [{name, action}]
         "log_policies": [
             {"name": n, "action": a or None} for n, a in store.log_policies.matched(trial_id)

@@ -279,7 +279,8 @@ def test_trial_describe_json(world: World) -> None:
     r = world.cli("trial", "describe", world.done_trial, "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == {"trial", "log_policies", "checkpoints", "metrics"}
+    assert set(data) == {"trial", "slurm_job", "log_policies", "checkpoints", "metrics"}
+    assert data["slurm_job"] is None  # ran on this machine's slots, not in a Slurm pool
     assert data["log_policies"] == []  # none matched its output
     assert data["trial"]["id"] == world.done_trial
     assert data["trial"]["latest_checkpoint"] == world.ck2

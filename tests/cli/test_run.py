@@ -112,6 +112,11 @@ def test_ctrl_c_pauses_and_activate_resumes_from_the_checkpoint(dl: Env) -> None
     assert "Experiment 1 (ctx) COMPLETED" in r.out
     assert dl.experiment(1).state == State.COMPLETED
     _check_resumed_exactly(dl, 1, 20, 6)
+    # the trial's log says where the run started (issue 36), once: run 1 started fresh
+    (ckpt,) = [c for c in dl.checkpoints(1) if c.steps_completed == 6]
+    r = dl.det("trial", "logs", 1)
+    assert r.rc == 0 and r.out.count("resuming from checkpoint") == 1, r
+    assert f"trial 1 run 2: resuming from checkpoint {ckpt.uuid} at batch 6\n" in r.out, r.out
 
 
 def test_pause_from_another_cli_while_running(dl: Env) -> None:

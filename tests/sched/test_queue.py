@@ -526,6 +526,10 @@ def test_experiment_pause_activate_kill_through_the_daemon(dl: Env) -> None:
     )
     assert dl.records()[1]["start"] == paused_at
     trainer_pid = dl.records()[1]["pid"]
+    # through the daemon too, the trial's log names the checkpoint the run resumed from
+    (ckpt,) = [c for c in dl.checkpoints(1) if c.steps_completed == paused_at]
+    logs = dl.det("trial", "logs", 1).out
+    assert f"resuming from checkpoint {ckpt.uuid} at batch {paused_at}\n" in logs, logs
 
     r = dl.det("experiment", "kill", 1)
     assert (r.rc, r.out.strip()) == (0, "experiment 1 killed"), r

@@ -73,6 +73,11 @@ def test_core_api_trial_runs_as_a_slurm_job(dl: Env, slurm: slurmkit.Slurm) -> N
     probe = json.loads(r.out.split("PROBE ", 1)[1].splitlines()[0])
     (job,) = dl.jobs()
     assert probe["slurm_job"] == str(job.pid)  # the run was that Slurm job
+    # and `run` said so, as `trial describe` does (issue 36)
+    assert f"trial 1 -> Slurm job {job.pid} (pool hpc)\n" in r.out, r.out
+    described = dl.det("trial", "describe", 1).out
+    assert f"  Slurm job:         {job.pid} (pool hpc)\n" in described, described
+    assert dl.json("trial", "describe", 1)["slurm_job"] == {"pool": "hpc", "id": job.pid}
     assert probe["trial_id"] == 1 and probe["slot_ids"] == [0]
     assert {"DET_EXPERIMENT_ID", "DET_TRIAL_ID", "DET_HPARAMS"} <= set(probe["det_vars"])
     assert [m.metrics["loss"] for m in dl.metrics(1, "training")] == [0.5]
@@ -92,8 +97,8 @@ def test_pause_activate_resumes_exactly_and_kill_empties_squeue(
 ) -> None:
     start_daemon(dl, slurm)
     hp = {"batches": 16, "ckpt_every": 4, "hold_at": 6, "record": str(dl.record_path)}
-    cfg, ctx = dl.trainer(hp, HPC)
-    assert dl.det("run", "--detach", cfg, ctx).rc == 0
+    cfg, ctx = dl.trainer(hp)  # the YAML names no pool: `--pool hpc` sends it to Slurm
+    assert dl.det("run", "--detach", "--pool", "hpc", cfg, ctx).rc == 0
     wait_for(lambda: dl.store().get_trial(1).steps_completed >= 6, timeout=60, what="batch 6")
     first = slurm_ids(dl)[0]
     assert str(first) in slurm.queue()
@@ -108,6 +113,11 @@ def test_pause_activate_resumes_exactly_and_kill_empties_squeue(
     runs = records(dl)
     assert [r["start"] for r in runs] == [0, 6]
     assert submissions(dl) == 2  # a new Slurm job resumed it
+    # its log says where the second job started, as a local run's does (issue 36)
+    (ckpt,) = [c for c in dl.checkpoints(1) if c.steps_completed == 6]
+    logs = dl.det("trial", "logs", 1).out
+    assert logs.count("resuming from checkpoint") == 1, logs
+    assert f"trial 1 run 2: resuming from checkpoint {ckpt.uuid} at batch 6\n" in logs, logs
 
     # kill: scancel, nothing left in squeue
     hp = {"batches": 10, "hold_at": 2}
@@ -291,3 +301,40 @@ def test_cmd_run_in_a_slurm_pool(dl: Env, slurm: slurmkit.Slurm) -> None:
         "error: --pool: pool 'gpus' does not exist; pools: default, hpc "
         f"(add it under resource_pools: in {dl.paths.settings})"
     ), r
+
+
+def test_a_job_waiting_in_slurm_is_pending_with_slurms_reason(
+    dl: Env, slurm: slurmkit.Slurm
+) -> None:
+    """`job list` showed such a job SCHEDULED with Slots 0/0 (issue 36): it is PENDING with
+    the reason squeue gives, until Slurm starts it."""
+    from tests.support.slurmctl import job_fields
+
+    start_daemon(dl, slurm)
+    # the only node is taken whole: the trial's job waits in Slurm's queue
+    blocker = slurm.run(
+        "sbatch", "--parsable", "--exclusive", "-p", "debug", "-o", "/dev/null", "--wrap",
+        "sleep 600",
+    ).stdout.strip()  # fmt: skip
+    try:
+        wait_for(lambda: blocker in slurm.queue(), what="the blocking job")
+        cfg, ctx = dl.trainer({"batches": 2, "record": str(dl.record_path)})
+        assert dl.det("run", "--detach", "--pool", "hpc", cfg, ctx).rc == 0
+
+        def pool_state() -> str | None:
+            (job,) = dl.json("job", "list")
+            return job["pool_state"]
+
+        wait_for(lambda: (pool_state() or "").startswith("PENDING ("), timeout=60, what="PENDING")
+        (job,) = dl.json("job", "list")
+        reason = job_fields(slurm, job["pid"])["Reason"]
+        assert reason in ("Resources", "Priority"), reason
+        wait_for(lambda: pool_state() == f"PENDING ({reason})", timeout=30, what="the reason")
+        dl.setenv(COLUMNS="300")  # whole cells in a pipe
+        row = dl.det("job", "list").out.splitlines()[2]
+        assert f"| PENDING ({reason}) |" in row and f"hpc (Slurm job {job['pid']})" in row, row
+    finally:
+        slurm.run("scancel", blocker, check=False)
+    wait_for(lambda: dl.experiment(1).state == State.COMPLETED, timeout=90, what="completion")
+    assert dl.json("job", "list") == []
+    assert dl.store().jobs.waiting() == {}  # nothing left behind once it ran

@@ -10,10 +10,10 @@ one trial, or a searcher other than single) and for unmanaged (core_v2) experime
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from typing import Any, Protocol
 
+from det_local.config.overrides import merge
 from det_local.errors import ConfigError, StateError
 from det_local.sched.life.ckpt_gc import CheckpointGC
 from det_local.sched.life.experiments import ExperimentRun, checkpoint_dir_for
@@ -37,18 +37,6 @@ class Continuing(Protocol):
     def save_searcher(self, exp: ExperimentRun) -> None: ...
 
     def check_idle(self) -> None: ...
-
-
-def merge(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`config` with `overrides` laid over it (mappings merged key by key, the rest
-    replaced)."""
-    out = copy.deepcopy(config)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def continue_experiment(engine: Continuing, experiment_id: int, overrides: Any) -> str:

@@ -58,6 +58,7 @@ class Supervisor:
         self.journal = journal
         self.procs: dict[int, RunHandle] = {}  # job id -> live run
         self._pids: dict[int, int] = {}  # job id -> the pid recorded for its run
+        self._waits: dict[int, str] = {}  # job id -> why its run waits in its pool's queue
         self.kill_grace = KILL_GRACE
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -101,11 +102,23 @@ class Supervisor:
         if proc.pid != self._pids.get(job_id):  # known only now (a pool's queued submission)
             self._pids[job_id] = proc.pid
             self.jobs.set_process(job_id, proc.pid, proc.started or time.time())
+        self._record_wait(job_id, None if code is not None else getattr(proc, "waiting", None))
         if code is not None:
             self._on_leader_exit(job_id)
         else:
             assert self.loop is not None
             self.loop.call_later(POLL_TICK_S, self._tick, job_id)
+
+    def _record_wait(self, job_id: int, reason: str | None) -> None:
+        """A pool's run still in that pool's queue (`waiting`: Slurm's PENDING reason):
+        recorded when it changes, so `job list` shows it; gone once it runs or ends."""
+        if reason == self._waits.get(job_id):
+            return
+        if reason is None:
+            del self._waits[job_id]
+        else:
+            self._waits[job_id] = reason
+        self.jobs.set_waiting(job_id, reason)
 
     def _on_leader_exit(self, job_id: int) -> None:
         proc = self.procs.get(job_id)
@@ -141,6 +154,7 @@ class Supervisor:
             return
         del self.procs[job_id]
         self._pids.pop(job_id, None)
+        self._record_wait(job_id, None)
         self.launcher.release(proc)
         if proc.problem is not None:
             self.note(f"job {job_id}: {proc.problem}", level="WARNING")

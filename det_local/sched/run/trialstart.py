@@ -119,6 +119,8 @@ class TrialStarter:
             raise StartFailed(
                 f"trial {trial_id}: cannot write its run directory {info_dir}: {why}"
             ) from None
+        if latest is not None:  # before the run's own output, whichever pool runs it
+            self._log_resume(exp.id, trial, run_id, latest, steps, owner)
         # unique rendezvous ports per running trial, so two multi-slot trials never collide
         ports = dict(ports) if ports is not None else allocate_ports(in_use=ports_in_use)
         try:
@@ -203,6 +205,38 @@ class TrialStarter:
             f"disk, so it cannot resume where it stopped; restore the checkpoint directory or "
             f"kill the experiment and start it again"
         )
+
+    def _log_resume(
+        self,
+        experiment_id: int,
+        trial: Any,
+        run_id: int,
+        uuid: str,
+        steps: int,
+        owner: userfiles.Owner | None,
+    ) -> None:
+        """The trial's log says where this run starts (Determined's trial logs do too): from
+        its own checkpoint ("resuming"), or a warm start from another trial's. Written by the
+        daemon ahead of the run's output, so every entrypoint and pool has it (a Slurm job's
+        output is appended to the same file). Best effort: a log that cannot be opened is the
+        spawn's to report."""
+        if trial.latest_checkpoint is None:
+            what = f"starting from checkpoint {uuid} (a warm start) at batch {steps}"
+        else:
+            what = f"resuming from checkpoint {uuid} at batch {steps}"
+        line = f"det-local: trial {trial.id} run {run_id}: {what}\n"
+        log = self.paths.trial_log(experiment_id, trial.id)
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            fd = userfiles.open_log(log, owner)
+        except (OSError, DetLocalError):
+            return
+        try:
+            os.write(fd, line.encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _test_mode_point(
         self, exp: ExperimentRun, trial_id: int, run_id: int

@@ -43,6 +43,11 @@ from det_local.store.states import (
 from det_local.store.tables.usage import SCHEMA as USAGE_SCHEMA
 from det_local.store.tables.usage import on_job_move
 
+# a scheduled job whose run waits in its pool's own queue (a Slurm job PENDING) and why
+WAITS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_waits (job_id INTEGER PRIMARY KEY, reason TEXT NOT NULL)
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -275,6 +280,7 @@ class JobTable:
                 conn.execute("ALTER TABLE jobs ADD COLUMN gang TEXT")
             if "anywhere" not in columns:  # a database from before the column
                 conn.execute("ALTER TABLE jobs ADD COLUMN anywhere INTEGER NOT NULL DEFAULT 0")
+            conn.execute(WAITS_SCHEMA)
 
     # -- the writer's copy of the active jobs ----------------------------------------------
     def reload(self) -> None:
@@ -456,6 +462,24 @@ class JobTable:
 
     def set_process(self, job_id: int, pid: int, pid_start: float) -> None:
         self._update("UPDATE jobs SET pid=?, pid_start=? WHERE id=?", (pid, pid_start, job_id))
+
+    def set_waiting(self, job_id: int, reason: str | None) -> None:
+        """A scheduled job's run that waits in its pool's own queue (a Slurm job PENDING):
+        that queue's reason ("Resources", "Priority"); None: it runs, or has ended."""
+        if reason is None:
+            self.conn.execute("DELETE FROM job_waits WHERE job_id=?", (job_id,))
+        else:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO job_waits(job_id, reason) VALUES (?, ?)", (job_id, reason)
+            )
+
+    def waiting(self) -> dict[int, str]:
+        """Job id -> why its run still waits in its pool's queue (`set_waiting`)."""
+        try:
+            rows = self.conn.execute("SELECT job_id, reason FROM job_waits").fetchall()
+        except sqlite3.OperationalError:  # a database from before the table (read-only)
+            return {}
+        return {int(r[0]): str(r[1]) for r in rows}
 
     def finish(self, job_id: int, exit_code: int | None, message: str | None = None) -> None:
         """The job ended: its process exited (exit_code), or it could not start."""
