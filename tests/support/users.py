@@ -25,11 +25,14 @@ from tests.support.world import Env, wait_for
 
 # System mode: one daemon, run as root, on a shared DET_LOCAL_HOME, used by several real Unix
 # users (created with useradd by the `accounts` fixture, removed at the end even on failure).
-# The interpreter lives under /root (mode 700), so the other users cannot start Python: a user's
-# client actions run in a forked child of the test process (`Shared.as_user`) that has imported
-# det-local first and then setgid/setuid's to that user, so the files it writes (spool requests)
-# are really that user's, as the kernel sees them. Jobs that run as those users use programs
-# anyone can run (sh, id, sleep), writing into a world-writable directory.
+# The interpreter and the checkout may lie where the other users cannot go (a pyenv Python under
+# /root, a clone and its venv in a private home, both 0700), so these tests need not have them
+# start Python: a user's client actions run in a forked child of the test process
+# (`Shared.as_user`) that has imported det-local first and then setgid/setuid's to that user, so
+# the files it writes (spool requests) are really that user's, as the kernel sees them. Jobs that
+# run as those users use programs anyone can run (sh, id, sleep), writing into a world-writable
+# directory. Tests whose users' work does run this Python (trials across machines, Slurm steps)
+# hold `tests.support.reach.python_reachable` while it runs.
 
 
 def _import_before_dropping_root() -> None:
