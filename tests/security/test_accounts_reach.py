@@ -145,7 +145,7 @@ def test_a_directory_that_refuses_chmod_is_named_in_one_line(private: Path) -> N
     ro = private / "home" / "ro"
     ro.mkdir(mode=0o700)
     python = venv(ro / "venv")
-    mounted = subprocess.run(["mount", "--bind", str(ro), str(ro)], capture_output=True)
+    mounted = subprocess.run(["mount", "--bind", str(ro), str(ro)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
     try:

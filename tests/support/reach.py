@@ -53,6 +53,7 @@ _WHERE = (
     "    *site.getsitepackages()]))\n"
 )
 _probed: set[tuple[str, ...]] = set()  # (account, python, imports) this process saw work
+_needed: dict[tuple[str, ...], list[Path]] = {}  # (python, *paths) -> what needed() found
 
 
 class Unreachable(RuntimeError):
@@ -75,6 +76,13 @@ def links(path: Path) -> list[Path]:
 
 def needed(python: str, paths: Sequence[Path]) -> list[Path]:
     """The directories an account enters to run `python` and reach `paths`, root first."""
+    key = (python, *map(str, paths))
+    if key not in _needed:
+        _needed[key] = _needed_now(python, paths)
+    return _needed[key]
+
+
+def _needed_now(python: str, paths: Sequence[Path]) -> list[Path]:
     out = subprocess.run(
         [python, "-c", _WHERE], capture_output=True, text=True, check=True, timeout=60
     )
