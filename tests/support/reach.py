@@ -152,7 +152,9 @@ def _settle(state: dict[str, Any]) -> None:
             del state["modes"][name]
             state["users"].pop(name, None)
     if state["count"] == 0:
-        state["users"], state["holders"] = {}, {}
+        state["holders"] = {}
+    # (an older checkouts' helper empties `modes` when it is the first holder)
+    state["users"] = {k: v for k, v in state["users"].items() if k in state["modes"]}
 
 
 def restore_leftovers() -> None:
