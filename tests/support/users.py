@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from det_local import api
 from det_local.errors import DetLocalError
@@ -31,8 +32,9 @@ from tests.support.world import Env, wait_for
 # (`Shared.as_user`) that has imported det-local first and then setgid/setuid's to that user, so
 # the files it writes (spool requests) are really that user's, as the kernel sees them. Jobs that
 # run as those users use programs anyone can run (sh, id, sleep), writing into a world-writable
-# directory. Tests whose users' work does run this Python (trials across machines, Slurm steps)
-# hold `tests.support.reach.python_reachable` while it runs.
+# directory. What the child still imports lazily comes from the checkout, so `Shared.as_user`
+# holds it reachable (`tests.support.reach.python_reachable`) while the child runs; tests whose
+# users' work runs this Python (trials across machines, Slurm steps) hold it while that runs.
 
 
 def _import_before_dropping_root() -> None:
@@ -92,7 +94,17 @@ class Shared:
 
     def as_user(self, user: str | None, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) in a forked child running as `user` (None: stay root), in `out`.
-        Returns its value; a DetLocalError in the child is raised here with its message."""
+        Returns its value; a DetLocalError in the child is raised here with its message.
+        The child imports what `fn` needs lazily, as `user`, from this checkout: it is held
+        reachable for the user meanwhile (the test skips, saying why, where it cannot be)."""
+        if user is None:
+            return self._forked(None, fn, *args)
+        from tests.support.reach import python_reachable  # (reach imports this module)
+
+        with python_reachable(account=user, on_blocked=pytest.skip):
+            return self._forked(user, fn, *args)
+
+    def _forked(self, user: str | None, fn: Callable[..., Any], *args: Any) -> Any:
         _import_before_dropping_root()
         r, w = os.pipe()
         pid = os.fork()
