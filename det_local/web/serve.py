@@ -169,8 +169,19 @@ def serve(
     )
     home = paths()
     install(home)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        limit_concurrency=connections,
+    )
     if user is not None:
         preload()
+        # uvicorn imports its protocol, lifespan and loop modules when it starts serving
+        config.load()
+        config.get_loop_factory()
         drop_to(user)
     if exit_fd is not None:
         exit_with(exit_fd)
@@ -197,12 +208,4 @@ def serve(
     if user is not None:
         print(f"  serving as user {user}", flush=True)
     sys.stdout.flush()
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        limit_concurrency=connections,
-    )
     uvicorn.Server(config).run(sockets=[sock])
