@@ -68,16 +68,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 def preload() -> None:
     """Import now what the pages import when first asked, for a dashboard that switches to
-    an unprivileged user next (its Python may sit where that user cannot read)."""
+    an unprivileged user next (its Python may sit where that user cannot read; the modules
+    det_local/web/ and views/ import inside functions: tests/web/test_dashboard_preload.py)."""
     import difflib  # noqa: F401
     import urllib.parse  # noqa: F401
 
+    import anyio._backends._asyncio  # noqa: F401  (anyio finds its backend when first asked)
     import anyio.to_thread  # noqa: F401
     import msgpack  # noqa: F401
     import psutil  # noqa: F401
     import yaml  # noqa: F401
 
     import det_local.client.attach  # noqa: F401
+    import det_local.client.follow  # noqa: F401
     import det_local.client.queueview  # noqa: F401
     import det_local.client.requester  # noqa: F401
     import det_local.client.searchsummary  # noqa: F401
@@ -85,11 +88,18 @@ def preload() -> None:
     import det_local.client.taskview  # noqa: F401
     import det_local.config  # noqa: F401
     import det_local.federate.client  # noqa: F401
+    import det_local.pools  # noqa: F401
+    import det_local.sched.extensions  # noqa: F401
     import det_local.sched.intake.inotify  # noqa: F401  (ctypes)
     import det_local.sched.intake.spool  # noqa: F401
+    import det_local.sched.queue.policy  # noqa: F401  (client/queueview, when first asked)
     import det_local.sched.settings  # noqa: F401
     import det_local.search  # noqa: F401
     import det_local.store.logtail  # noqa: F401
+    import det_local.tables  # noqa: F401
+    import det_local.usage.gpus  # noqa: F401  (client/slotview, when first asked)
+    import det_local.usage.readers  # noqa: F401
+    import det_local.views.cluster  # noqa: F401
     import det_local.web.live  # noqa: F401
     import det_local.wire.rpc  # noqa: F401
 
