@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from tests.support.paths import TESTS
+from tests.support.reach import restore_leftovers
 from tests.support.torchext import clear_stale_locks
 from tests.support.users import ADMIN_GROUP, Shared, create_accounts, remove_accounts
 from tests.support.world import TRIAL_VARS, Env, gone, kill_home_processes
@@ -119,7 +120,9 @@ def _is_descendant_trial(pid: int, tmp_path: Path) -> bool:
 def accounts() -> Iterator[None]:
     """The test accounts (tests.support.users: A, B, ADMIN in ADMIN_GROUP), made once for the
     session (useradd/userdel cost ~1 s a module; no test changes them) and removed at its end,
-    even on failure."""
+    even on failure. Directory modes a killed run opened for them are put back first
+    (`tests.support.reach`)."""
+    restore_leftovers()
     try:
         create_accounts()
         yield

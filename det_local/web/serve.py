@@ -93,16 +93,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 def preload() -> None:
     """Import now what the pages import when first asked, for a dashboard that switches to
-    an unprivileged user next (its Python may sit where that user cannot read)."""
+    an unprivileged user next (its Python may sit where that user cannot read; the modules
+    det_local/web/ and views/ import inside functions: tests/web/test_dashboard_preload.py)."""
     import difflib  # noqa: F401
     import urllib.parse  # noqa: F401
 
+    import anyio._backends._asyncio  # noqa: F401  (anyio finds its backend when first asked)
     import anyio.to_thread  # noqa: F401
     import msgpack  # noqa: F401
     import psutil  # noqa: F401
     import yaml  # noqa: F401
 
     import det_local.client.attach  # noqa: F401
+    import det_local.client.follow  # noqa: F401
     import det_local.client.queueview  # noqa: F401
     import det_local.client.requester  # noqa: F401
     import det_local.client.searchsummary  # noqa: F401
@@ -110,11 +113,18 @@ def preload() -> None:
     import det_local.client.taskview  # noqa: F401
     import det_local.config  # noqa: F401
     import det_local.federate.client  # noqa: F401
+    import det_local.pools  # noqa: F401
+    import det_local.sched.extensions  # noqa: F401
     import det_local.sched.intake.inotify  # noqa: F401  (ctypes)
     import det_local.sched.intake.spool  # noqa: F401
+    import det_local.sched.queue.policy  # noqa: F401  (client/queueview, when first asked)
     import det_local.sched.settings  # noqa: F401
     import det_local.search  # noqa: F401
     import det_local.store.logtail  # noqa: F401
+    import det_local.tables  # noqa: F401
+    import det_local.usage.gpus  # noqa: F401  (client/slotview, when first asked)
+    import det_local.usage.readers  # noqa: F401
+    import det_local.views.cluster  # noqa: F401
     import det_local.web.live  # noqa: F401
     import det_local.wire.rpc  # noqa: F401
 
@@ -194,8 +204,19 @@ def serve(
     )
     home = paths()
     install(home)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        limit_concurrency=connections,
+    )
     if user is not None:
         preload()
+        # uvicorn imports its protocol, lifespan and loop modules when it starts serving
+        config.load()
+        config.get_loop_factory()
         drop_to(user)
     if exit_fd is not None:
         exit_with(exit_fd)
@@ -222,12 +243,4 @@ def serve(
     if user is not None:
         print(f"  serving as user {user}", flush=True)
     sys.stdout.flush()
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-        limit_concurrency=connections,
-    )
     uvicorn.Server(config).run(sockets=[sock])

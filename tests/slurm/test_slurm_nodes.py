@@ -287,7 +287,7 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
     import pwd
 
     from det_local import api
-    from tests.support.fednet import interpreter_reachable
+    from tests.support.reach import python_reachable
 
     base = Path(tempfile.mkdtemp(prefix="det-local-slurmn-", dir="/tmp"))
     try:
@@ -314,7 +314,9 @@ def test_a_users_two_node_trial_runs_as_them_on_both_nodes(
             "searcher: {name: single, metric: loss, max_length: 1}\n"
         )
         ctx.chmod(0o755)
-        with interpreter_reachable():  # srun runs det_local.slurm.node as A on each node
+        with python_reachable(
+            on_blocked=pytest.skip
+        ):  # srun runs det_local.slurm.node as A on each node
             shared.as_user(A, lambda: api.run(ctx / "config.yaml", ctx, follow=False))
             wait_for(lambda: shared.job(1).state == "DONE", timeout=90, what="A's trial")
         job = shared.job(1)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.paths import REPO
+from tests.support.reach import python_reachable
 from tests.support.users import A
 from tests.support.world import wait_for
 
@@ -112,50 +113,6 @@ def as_submitter() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def interpreter_reachable() -> Any:
-    """Ordinary accounts run this interpreter (their ranks, their CLI): o+x on the directories
-    above it (a venv linked into a 0700 /root, as on the test machines), put back when the
-    last user of it (across processes: a count under a lock in /tmp) is done."""
-    import fcntl
-    import json as _json
-
-    lock = Path("/tmp/det-local-interpreter-reachable.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.read(fd, 65536)
-        state = _json.loads(raw) if raw else {"count": 0, "modes": {}}
-        if state["count"] == 0:
-            state["modes"] = {}
-            for p in Path(os.path.realpath(sys.executable)).parents:
-                mode = p.stat().st_mode & 0o7777
-                if not mode & 0o001:
-                    state["modes"][str(p)] = mode
-                    p.chmod(mode | 0o001)
-        state["count"] += 1
-        os.lseek(fd, 0, 0)
-        os.ftruncate(fd, 0)
-        os.write(fd, _json.dumps(state).encode())
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.lseek(fd, 0, 0)
-        raw = os.read(fd, 65536)
-        state = _json.loads(raw) if raw else {"count": 1, "modes": {}}
-        state["count"] = max(0, state["count"] - 1)
-        if state["count"] == 0:
-            for name, mode in state["modes"].items():
-                with contextlib.suppress(OSError):
-                    Path(name).chmod(mode)
-            state["modes"] = {}
-        os.lseek(fd, 0, 0)
-        os.ftruncate(fd, 0)
-        os.write(fd, _json.dumps(state).encode())
-        os.close(fd)  # releases the lock
-
-
-@contextlib.contextmanager
 def submitter_account() -> Any:
     """For the benches (no pytest fixtures): the submitting account for the run's length."""
     made = submitter() is None
@@ -164,7 +121,7 @@ def submitter_account() -> Any:
             ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", A], check=True, capture_output=True
         )
     try:
-        with interpreter_reachable():
+        with python_reachable():
             yield A
     finally:
         if made:

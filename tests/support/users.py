@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from det_local import api
 from det_local.errors import DetLocalError
@@ -25,11 +26,15 @@ from tests.support.world import Env, wait_for
 
 # System mode: one daemon, run as root, on a shared DET_LOCAL_HOME, used by several real Unix
 # users (created with useradd by the `accounts` fixture, removed at the end even on failure).
-# The interpreter lives under /root (mode 700), so the other users cannot start Python: a user's
-# client actions run in a forked child of the test process (`Shared.as_user`) that has imported
-# det-local first and then setgid/setuid's to that user, so the files it writes (spool requests)
-# are really that user's, as the kernel sees them. Jobs that run as those users use programs
-# anyone can run (sh, id, sleep), writing into a world-writable directory.
+# The interpreter and the checkout may lie where the other users cannot go (a pyenv Python under
+# /root, a clone and its venv in a private home, both 0700), so these tests need not have them
+# start Python: a user's client actions run in a forked child of the test process
+# (`Shared.as_user`) that has imported det-local first and then setgid/setuid's to that user, so
+# the files it writes (spool requests) are really that user's, as the kernel sees them. Jobs that
+# run as those users use programs anyone can run (sh, id, sleep), writing into a world-writable
+# directory. What the child still imports lazily comes from the checkout, so `Shared.as_user`
+# holds it reachable (`tests.support.reach.python_reachable`) while the child runs; tests whose
+# users' work runs this Python (trials across machines, Slurm steps) hold it while that runs.
 
 
 def _import_before_dropping_root() -> None:
@@ -91,7 +96,17 @@ class Shared:
 
     def as_user(self, user: str | None, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) in a forked child running as `user` (None: stay root), in `out`.
-        Returns its value; a DetLocalError in the child is raised here with its message."""
+        Returns its value; a DetLocalError in the child is raised here with its message.
+        The child imports what `fn` needs lazily, as `user`, from this checkout: it is held
+        reachable for the user meanwhile (the test skips, saying why, where it cannot be)."""
+        if user is None:
+            return self._forked(None, fn, *args)
+        from tests.support.reach import python_reachable  # (reach imports this module)
+
+        with python_reachable(account=user, on_blocked=pytest.skip):
+            return self._forked(user, fn, *args)
+
+    def _forked(self, user: str | None, fn: Callable[..., Any], *args: Any) -> Any:
         _import_before_dropping_root()
         r, w = os.pipe()
         pid = os.fork()

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.support import paths
-from tests.support.fednet import Net, Node, cli, interpreter_reachable, namespaces, sweep
+from tests.support.fednet import Net, Node, cli, namespaces, sweep
 from tests.support.gangnet import (
     db,
     exp_state,
@@ -35,6 +35,7 @@ from tests.support.gangnet import (
     two_nodes,
     wait_end,
 )
+from tests.support.reach import python_reachable
 from tests.support.world import wait_for
 
 FIXTURES = paths.FIXTURES
@@ -180,7 +181,7 @@ def writable(tmp: Path) -> Path:
 def machines(tmp_path: Path, accounts: None) -> Iterator[tuple[Node, Node]]:
     """Two machines of one cluster, one CPU slot each: n1 (the owner here) and n2."""
     sweep()
-    with Net(tmp_path) as net, interpreter_reachable():
+    with Net(tmp_path) as net, python_reachable(on_blocked=pytest.skip):
         yield two_nodes(net)
     assert not [ns for ns in namespaces() if ns.startswith(net.prefix)]
 

@@ -1,0 +1,69 @@
+"""A dashboard that switches user (`det-local dashboard --user`, a root daemon's dashboard) has
+imported, before it switched, every module its pages import when first asked
+(`web/serve.preload`): its Python may sit where that user cannot read (a venv under a 0700
+home), and a module imported later, as that user, fails the page ("No module named ...").
+
+Checked statically: every det_local module imported inside a function of det_local/web/ or
+det_local/views/ (the pages and their read models; serve.py, which runs before the switch, left
+out) is in sys.modules after preload() in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.paths import REPO
+
+PACKAGE = REPO / "det_local"
+
+
+def lazy_imports(path: Path) -> set[str]:
+    """det_local modules imported inside functions of the module at `path`."""
+    found: set[str] = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith("det_local"):
+                    found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("det_local"))
+    return found
+
+
+def module_file(name: str) -> Path | None:
+    base = REPO.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def test_preload_imports_what_the_pages_import_later() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; from det_local.web.serve import preload; preload();"
+            " print(json.dumps(sorted(m for m in sys.modules if m.startswith('det_local'))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    loaded = set(json.loads(out.stdout))
+    sources = [*PACKAGE.joinpath("web").glob("*.py"), *PACKAGE.joinpath("views").glob("*.py")]
+    sources.remove(PACKAGE / "web" / "serve.py")
+    missing = {
+        f"{m} (imported inside a function of {src.relative_to(REPO)})"
+        for src in sources
+        for m in lazy_imports(src)
+        if m not in loaded and module_file(m) is not None
+    }
+    assert not missing, "add to det_local/web/serve.preload: " + "; ".join(sorted(missing))
