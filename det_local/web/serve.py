@@ -126,6 +126,7 @@ def preload() -> None:
     import det_local.usage.readers  # noqa: F401
     import det_local.views.cluster  # noqa: F401
     import det_local.web.live  # noqa: F401
+    import det_local.web.portholder  # noqa: F401  (web/supervisor, a taken port)
     import det_local.wire.rpc  # noqa: F401
 
 

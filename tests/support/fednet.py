@@ -147,15 +147,20 @@ def cli(
             if arg.startswith("/") and Path(arg).exists():
                 readable(reachable(Path(arg)))
         ids = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
-    return subprocess.run(
-        [sys.executable, "-m", "det_local.cli.main", *args],
-        env=cli_env(home, **env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd="/" if user is not None else None,
-        **ids,
-    )
+    # the account runs this checkout's Python: reachable for as long as the command runs (a
+    # test that made no namespaces holds nothing else; the `accounts` fixture of an earlier
+    # module is enough to make a submission run as the account)
+    held = python_reachable(account=user) if user is not None else contextlib.nullcontext()
+    with held:
+        return subprocess.run(
+            [sys.executable, "-m", "det_local.cli.main", *args],
+            env=cli_env(home, **env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd="/" if user is not None else None,
+            **ids,
+        )
 
 
 @dataclass
