@@ -1,7 +1,7 @@
 """Slurm's commands, as det-local uses them: sbatch, squeue, scontrol, scancel.
 
 Each runs with a bound (``TIMEOUT_S``) in a session of its own, and its failure becomes one
-line; past the bound its whole process group is killed (:func:`_bounded`: runuser, the command
+line; past the bound its whole process group is killed (:func:`bounded`: runuser, the command
 and whatever it started; a hanging sbatch leaves nothing behind). None runs on the engine's
 event loop: the poller and the submissions have threads of their own, and the check at
 submission runs in one too (`slurm/submit.py`). Job states come from
@@ -94,7 +94,7 @@ def run(
     argv = [tool(argv[0]), *argv[1:]]
     if uid is not None and os.geteuid() == 0 and uid != 0:
         argv = [tool("runuser"), "-u", pwd.getpwuid(uid).pw_name, "--", *argv]
-    done = _bounded(argv, stdin, env, timeout)
+    done = bounded(argv, stdin, env, timeout)
     if done.returncode != 0:
         name = os.path.basename(argv[4] if argv[0].endswith("runuser") else argv[0])
         said = _one_line(done.stderr or done.stdout)
@@ -102,7 +102,7 @@ def run(
     return done.stdout
 
 
-def _bounded(
+def bounded(
     argv: list[str], stdin: str | None, env: dict[str, str] | None, timeout: float
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in a session of its own; past ``timeout`` its whole process group is

@@ -32,15 +32,15 @@ import os
 import pwd
 import shutil
 import stat
-import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from det_local.errors import ConfigError, TrialError
 from det_local.sched.run import userfiles
 from det_local.sched.run.launchplan import LaunchPlan
-from det_local.slurm import tbcopy
+from det_local.slurm import client, offloop, tbcopy
 from det_local.slurm.config import SlurmPool
 
 LOG = "output.log"
@@ -124,16 +124,36 @@ def check_stage_dir(pool: SlurmPool, uid: int | None) -> None:
         ok = os.access(path, os.W_OK | os.X_OK)
         name = pwd.getpwuid(os.geteuid()).pw_name
     else:
+        # as the submitter: `test` run by runuser in a thread (slurm/offloop.py), never on
+        # the engine's loop, its process group killed if it hangs (a stuck filesystem)
         name = pwd.getpwuid(uid).pw_name
         runuser = shutil.which("runuser") or "/usr/sbin/runuser"
-        test = [runuser, "-u", name, "--", "test", "-w", path, "-a", "-x", path]
-        ok = subprocess.run(test, capture_output=True, timeout=30).returncode == 0
+        test = [runuser, "-u", name, "--", "test", "-w", str(path), "-a", "-x", str(path)]
+        ok = offloop.refusal(tuple(test), _refused_by(test), f"{where}: test -w") is None
     if not ok:
         raise ConfigError(
             f"{where} is not writable by user {name}: the pool's runs stage their context, "
             "log and info files there; make it writable by them (e.g. chmod 1777) or choose "
             "another"
         )
+
+
+STAGE_CHECK_TIMEOUT_S = 30.0  # a stage_dir's check as the submitter (a slow NFS answers late)
+
+
+def _refused_by(test: list[str]) -> Callable[[], str | None]:
+    """The work of a stage_dir check: "not writable" when `test` says so; None when it does,
+    or did not answer in STAGE_CHECK_TIMEOUT_S (the run's own staging then says what is
+    wrong)."""
+
+    def work() -> str | None:
+        try:
+            done = client.bounded(test, None, None, STAGE_CHECK_TIMEOUT_S)
+        except client.Unreachable:
+            return None
+        return None if done.returncode == 0 else "not writable"
+
+    return work
 
 
 def _clear(root: Path) -> None:

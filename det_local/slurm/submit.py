@@ -11,87 +11,43 @@ run there is refused in one line at once, not after it waited in Slurm's queue:
   skipped: the trial's own submission is tried again (`submitter.py`) and says what Slurm
   refused, if anything.
 
-The check never runs on the engine's event loop (:class:`_Check`): it runs in a thread of its
+The check never runs on the engine's event loop (`slurm/offloop.py`): it runs in a thread of its
 own, and a submission the daemon's loop applies (``errors.DEFER``) that would wait for it raises
 ``errors.Pending`` instead: the spool server answers that request (and its owner's later ones)
 when the check has ended, and serves everyone else meanwhile. A check's answer serves every
-submission of the same shape (the same ``sbatch --test-only`` line) for CHECK_FRESH_S, so a
+submission of the same shape (the same ``sbatch --test-only`` line) for ``offloop.FRESH_S``, so a
 burst of submissions while slurmctld is down costs one check, not one each. An offline or
 embedded engine's one request waits for it (bounded by CHECK_TIMEOUT_S).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from det_local.errors import DEFER, ConfigError, Pending, TrialError
-from det_local.slurm import client
+from det_local.errors import ConfigError, TrialError
+from det_local.slurm import client, offloop
 from det_local.slurm.config import SlurmPool
 from det_local.slurm.script import Shape
 
 CHECK_TIMEOUT_S = 3.0  # `sbatch --test-only` at submission: a live controller answers in ms
-CHECK_FRESH_S = 10.0  # a check's answer serves the submissions of the same shape this long
 
 
-class _Check:
-    """One ``sbatch --test-only`` line, run in a thread: Slurm's refusal (its line), or
-    nothing (accepted, or the controller did not answer: skipped)."""
+def _sbatch_test(argv: list[str]) -> Callable[[], str | None]:
+    """The work of one ``sbatch --test-only`` line: Slurm's refusal (its line), or None
+    (accepted, or the controller did not answer: the trial's own sbatch is tried again)."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.refusal: str | None = None
-        self.ended_at: float | None = None  # monotonic, once it has ended
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-        self._done = threading.Event()
-        threading.Thread(target=self._run, args=(argv,), name="slurm-check", daemon=True).start()
-
-    def _run(self, argv: list[str]) -> None:
+    def work() -> str | None:
         try:
             client.run(argv, timeout=CHECK_TIMEOUT_S)
         except client.Unreachable:
-            pass  # slurmctld does not answer just now: the trial's own sbatch is tried again
+            return None
         except TrialError as err:
-            self.refusal = str(err)
-        except Exception:  # noqa: BLE001 - never leave a submission waiting for it
-            pass
-        with self._lock:
-            self.ended_at = time.monotonic()
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
+            return str(err)
+        return None
 
-    def on_ready(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def wait(self) -> None:
-        self._done.wait()
-
-
-_checks: dict[tuple[str, ...], _Check] = {}
-_checks_lock = threading.Lock()
-
-
-def _check_of(argv: list[str]) -> _Check:
-    """The check of this line under way, or ended less than CHECK_FRESH_S ago; else a new one
-    (the ones gone stale are forgotten at the same time)."""
-    now = time.monotonic()
-    with _checks_lock:
-        for key, old in list(_checks.items()):
-            if old.ended_at is not None and now - old.ended_at > CHECK_FRESH_S:
-                del _checks[key]
-        check = _checks.get(tuple(argv))
-        if check is None:
-            check = _checks[tuple(argv)] = _Check(argv)
-        return check
+    return work
 
 
 def _under(path: Path, roots: tuple[str, ...]) -> bool:
@@ -158,13 +114,10 @@ def check_slurm(pool: SlurmPool, slots: int, field: str = "resources.resource_po
         *pool.sbatch_args,
         "--wrap=true",
     ]
-    check = _check_of(argv)
-    if check.ended_at is None:
-        if DEFER.get():  # the engine's loop: never wait there; asked again once it has ended
-            raise Pending(f"{where}: sbatch --test-only", check.on_ready)
-        check.wait()  # bounded: CHECK_TIMEOUT_S
-    if check.refusal is not None:
+    # off the loop, shared by the submissions of the same shape (slurm/offloop.py)
+    refused = offloop.refusal(tuple(argv), _sbatch_test(argv), f"{where}: sbatch --test-only")
+    if refused is not None:
         raise ConfigError(
             f"{field}: {where} (partition {pool.partition}): Slurm refuses its "
-            f"jobs: {check.refusal}; check resource_pools.{pool.name}.slurm in daemon.yaml"
+            f"jobs: {refused}; check resource_pools.{pool.name}.slurm in daemon.yaml"
         )

@@ -205,3 +205,70 @@ def test_a_hanging_sbatch_leaves_nothing_behind_its_timeout(
             if _alive(pid):  # what the old timeout left behind
                 os.kill(pid, 9)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_stage_dir_check_as_the_submitter_never_waits_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch, accounts: None
+) -> None:
+    """A Slurm pool's stage_dir is checked as the submitter (`runuser -u USER -- test -w DIR`)
+    in a thread (`slurm/offloop.py`): on the engine's loop a submission gets Pending at once,
+    not a wait; once the check has ended its answer is the submission's one line; a check that
+    hangs (a stuck filesystem) is killed with its process group and skipped."""
+    from det_local.errors import DEFER, ConfigError, Pending
+    from det_local.slurm import stage
+    from det_local.slurm.config import parse_slurm_pool
+
+    real = shutil.which("runuser")
+    assert real is not None
+    tmp = Path(tempfile.mkdtemp(prefix="det-local-stagecheck-", dir="/tmp"))
+    try:
+        shim = tmp / "bin"
+        shim.mkdir()
+        pids, release = tmp / "pids", tmp / "release"
+        (shim / "runuser").write_text(
+            f"#!/bin/sh\necho $$ >> {pids}\n"
+            f'while [ ! -e {release} ]; do sleep 0.05; done\nexec {real} "$@"\n'
+        )
+        (shim / "runuser").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+        uid = pwd.getpwnam(A).pw_uid
+
+        def pool(d: Path) -> Any:
+            d.mkdir()
+            d.chmod(0o755)  # root's: A cannot write it
+            return parse_slurm_pool("hpc", {"partition": "debug", "stage_dir": str(d)}, "y")
+
+        closed = pool(tmp / "closed")
+        token = DEFER.set(True)
+        try:
+            began = time.monotonic()
+            with pytest.raises(Pending) as pending:
+                stage.check_stage_dir(closed, uid)
+            assert time.monotonic() - began < 1.0
+            ready = threading.Event()
+            pending.value.on_ready(ready.set)
+            assert not ready.is_set()  # the check waits for the release, off this thread
+            release.touch()
+            assert ready.wait(30)
+            with pytest.raises(ConfigError) as err:  # asked again: the check's own answer
+                stage.check_stage_dir(closed, uid)
+        finally:
+            DEFER.reset(token)
+        assert str(err.value) == (
+            f"resource_pools.hpc.slurm.stage_dir {tmp / 'closed'} is not writable by user {A}: "
+            "the pool's runs stage their context, log and info files there; make it writable "
+            "by them (e.g. chmod 1777) or choose another"
+        )
+        # a check that never answers: killed with its group after the timeout, and skipped
+        release.unlink()
+        pids.write_text("")
+        monkeypatch.setattr(stage, "STAGE_CHECK_TIMEOUT_S", 1.0)
+        began = time.monotonic()
+        stage.check_stage_dir(pool(tmp / "stuck"), uid)  # an offline engine's wait: bounded
+        assert time.monotonic() - began < 10
+        started = [int(p) for p in pids.read_text().split()]
+        assert len(started) == 1
+        wait_for(lambda: not _alive(started[0]), timeout=5, what="the hung check to be gone")
+    finally:
+        release.touch()  # nothing left waiting for it
+        shutil.rmtree(tmp, ignore_errors=True)
