@@ -11,8 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 
 from det_local.web import (
     cluster,
@@ -26,6 +25,7 @@ from det_local.web import (
     usage,
 )
 from det_local.web.guard import STANDALONE_HINT, App, Guard, Message, Receive, Scope, Send
+from det_local.web.staticmem import StaticFiles
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -60,18 +60,6 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def service_worker(request: Request) -> Response:
-    """/sw.js: the service worker that carries the login (guard.py), served at the root so
-    that its scope is the whole origin."""
-    from starlette.responses import FileResponse
-
-    return FileResponse(
-        STATIC_DIR / "sw.js",
-        media_type="text/javascript",
-        headers={"cache-control": "no-cache"},
-    )
-
-
 async def _not_found(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     if status == 405:
@@ -101,6 +89,17 @@ def create_app(
             on_start()
         yield
 
+    # read now, as whoever builds the app (root, before a dashboard drops to its user)
+    static = StaticFiles(STATIC_DIR)
+
+    def service_worker(request: Request) -> Response:
+        """/sw.js: the service worker that carries the login (guard.py), served at the root
+        so that its scope is the whole origin."""
+        return static.response("sw.js", request)
+
+    def static_file(request: Request) -> Response:
+        return static.response(request.path_params["path"], request)
+
     app = Starlette(
         lifespan=lifespan,
         routes=[
@@ -115,7 +114,7 @@ def create_app(
             *jsonapi.routes(),
             *pages.ROUTES,
             Route("/sw.js", service_worker),
-            Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+            Route("/static/{path:path}", static_file, name="static"),
         ],
         exception_handlers={404: _not_found, 405: _not_found},
     )

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import REPO
 
 PACKAGE = REPO / "det_local"
@@ -67,3 +69,40 @@ def test_preload_imports_what_the_pages_import_later() -> None:
         if m not in loaded and module_file(m) is not None
     }
     assert not missing, "add to det_local/web/serve.preload: " + "; ".join(sorted(missing))
+
+
+def test_static_files_are_served_from_what_was_read_at_start(tmp_path: Path) -> None:
+    """A dashboard that drops to a user after building its app serves det-local's scripts
+    (the login's service worker and script among them) though that user cannot read them
+    (det-local under root's 0700 home: the login page's scripts were refused and nobody
+    could log in): the files are read when the app is built, not at each request."""
+    import shutil
+
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+
+    from det_local.web.app import STATIC_DIR
+    from det_local.web.staticmem import StaticFiles
+
+    copy = tmp_path / "static"
+    shutil.copytree(STATIC_DIR, copy)
+    static = StaticFiles(copy)
+    copy.chmod(0)  # nobody, root included through os.walk's listing, reads it from now on
+    try:
+        request = Request({"type": "http", "method": "GET", "path": "/", "headers": []})
+        for rel, kind in (("sw.js", "text/javascript"), ("login.js", "text/javascript")):
+            answer = static.response(rel, request)
+            assert answer.status_code == 200, rel
+            assert answer.body == (STATIC_DIR / rel).read_bytes()
+            assert answer.headers["content-type"].startswith(kind)
+        css = static.response("vendor/uplot/uPlot.min.css", request)
+        assert css.headers["content-type"].startswith("text/css")
+        etag = css.headers["etag"]
+        hit = [(b"if-none-match", etag.encode())]
+        again = Request({"type": "http", "method": "GET", "path": "/", "headers": hit})
+        assert static.response("vendor/uplot/uPlot.min.css", again).status_code == 304
+        for missing in ("nope.js", "../app.py", "vendor"):
+            with pytest.raises(HTTPException):
+                static.response(missing, request)
+    finally:
+        copy.chmod(0o755)

@@ -13,6 +13,7 @@ import pwd
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,19 @@ def _jobs(shared: Shared) -> dict[tuple[int, int], Any]:
         return {(j.experiment_id, j.trial_id): j for j in store.jobs.list(include_done=True)}
     finally:
         store.close()
+
+
+@pytest.fixture(autouse=True)
+def _checkout_reachable(accounts: None) -> Iterator[None]:
+    """The users' trials run `user_python`, but their PYTHONPATH names this checkout's compat/
+    first (as every trial's does): were the checkout reachable only while `Shared.as_user`'s
+    child runs, a trial's imports could begin in it and go on after it closed again (a clone
+    under a 0700 directory: "No module named 'det_local.trial.core._distributed'"). Held for
+    the whole test, so a trial sees one det_local from start to end."""
+    from tests.support.reach import python_reachable
+
+    with python_reachable(on_blocked=pytest.skip):
+        yield
 
 
 @pytest.fixture(params=["v2", "v1"])
