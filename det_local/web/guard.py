@@ -153,18 +153,20 @@ async def shell(
     """A page with no data but `line` and static/login.js (mode "store": keep the token of
     the address; "retry": a refused page, retried once through the service worker)."""
     body = LOGIN_PAGE.format(mode=mode, line=html.escape(line)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"text/html; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-                *extra,
-            ],
-        }
-    )
+    await _answer(send, status, b"text/html; charset=utf-8", body, extra)
+
+
+async def _answer(
+    send: Send, status: int, kind: bytes, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """One whole answer that no cache keeps."""
+    headers = [
+        (b"content-type", kind),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -176,15 +178,4 @@ def _bearer(value: str) -> str:
 async def deny(send: Send, status: int, message: str) -> None:
     """A refusal: `status` and {"error": "one line"}."""
     body = json.dumps({"error": message}).encode() + b"\n"
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"cache-control", b"no-store"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await _answer(send, status, b"application/json", body)

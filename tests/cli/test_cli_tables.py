@@ -5,16 +5,10 @@ the compact end-of-run summary of a many-trial search."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
 import re
-import select
-import struct
 import subprocess
 import sys
-import termios
 import time
 import uuid as uuidlib
 from typing import Any, NamedTuple
@@ -26,6 +20,7 @@ from det_local.store.paths import Paths
 from det_local.store.records import CheckpointRecord
 from det_local.store.states import State
 from det_local.tables import fit, table
+from tests.support.tty import cli_on_pty
 from tests.support.world import Env, wait_for
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -219,36 +214,7 @@ def test_job_cmd_and_slots_tables_fit_100_columns(dl: Env) -> None:
 # ---------------------------------------------------------------------------- a terminal
 def _in_pty(env: dict[str, str], cols: int, *args: Any) -> str:
     """Run the CLI on a pseudo-terminal `cols` wide; returns what it wrote."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", *(str(a) for a in args)],
-        env=env,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        close_fds=True,
-    )
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        assert proc.wait(timeout=30) == 0, b"".join(chunks)
-    finally:
-        os.close(master)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return cli_on_pty(env, cols, *args)
 
 
 def test_on_a_terminal_its_width_and_colour(world: World) -> None:

@@ -12,16 +12,8 @@ it may write): no ESC, no C1 control, no bidi control reaches stdout; each is sh
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import pty
-import select
-import struct
-import subprocess
-import sys
-import termios
-import time
 from typing import Any
 
 import pytest
@@ -38,6 +30,7 @@ import det_local.views.experiments  # noqa: F401
 from det_local import api
 from det_local.textsafe import BIDI
 from det_local.trial.session import Session
+from tests.support.tty import cli_on_pty
 from tests.support.users import A, B, Shared, _submit_raw, cli_output, start_sleeping_trial
 from tests.support.world import wait_for
 
@@ -60,38 +53,9 @@ def _dirty(text: str) -> list[str]:
 
 def _in_pty(env: dict[str, str], *args: Any) -> str:
     """The CLI on a pseudo-terminal 200 wide (rich's layout), without colour."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     env = {**env, "NO_COLOR": "1", "TERM": "xterm-256color"}
     env.pop("COLUMNS", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "det_local.cli.main", *(str(a) for a in args)],
-        env=env,
-        stdin=slave,
-        stdout=slave,
-        stderr=subprocess.DEVNULL,
-        close_fds=True,
-    )
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        assert proc.wait(timeout=30) == 0, b"".join(chunks)
-    finally:
-        os.close(master)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return cli_on_pty(env, 200, *args, stderr=False)
 
 
 def report_nan(env: dict[str, str], metric: str) -> Any:

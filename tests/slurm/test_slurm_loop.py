@@ -13,7 +13,6 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from det_local.store.tables.jobs import ENDED
 from tests.support import slurmkit
 from tests.support.slurmctl import start_slurmctld, stop_slurmctld
 from tests.support.users import A, B, Shared
-from tests.support.world import Env, kill_home_processes, wait_for
+from tests.support.world import kill_home_processes, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,25 +38,9 @@ LAG_BUDGET_MS = 100.0
 
 
 @pytest.fixture
-def shared(dl: Env, accounts: None, slurm: slurmkit.Slurm) -> Iterator[Shared]:
-    """A root daemon on a home every user can reach, with a Slurm pool on the package's Slurm."""
-    base = Path(tempfile.mkdtemp(prefix="det-local-slurm-loop-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    out = base / "out"
-    out.mkdir()
-    os.chmod(out, 0o1777)
-    home = base / "home"
-    dl.home = home
-    dl.env["DET_LOCAL_HOME"] = str(home)
-    try:
-        dl.daemon_start(
-            {"resource_pools": {"hpc": {"slurm": {"partition": "debug"}}}},
-            SLURM_CONF=str(slurm.conf),
-        )
-        yield Shared(dl, home, out)
-    finally:
-        kill_home_processes(home)
-        shutil.rmtree(base, ignore_errors=True)
+def shared(pool_daemon: Shared) -> Shared:
+    """The folder's root daemon with a Slurm pool (tests/slurm/conftest.py)."""
+    return pool_daemon
 
 
 class LagWatch:

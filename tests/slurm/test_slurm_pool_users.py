@@ -6,9 +6,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +13,7 @@ from det_local import api
 from det_local.store.states import State
 from tests.support import slurmkit
 from tests.support.users import A, Shared
-from tests.support.world import Env, kill_home_processes, wait_for
+from tests.support.world import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,25 +25,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def shared(dl: Env, accounts: None, slurm: slurmkit.Slurm) -> Iterator[Shared]:
-    """A root daemon on a home every user can reach, with a Slurm pool."""
-    base = Path(tempfile.mkdtemp(prefix="det-local-slurm-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    out = base / "out"
-    out.mkdir()
-    os.chmod(out, 0o1777)
-    home = base / "home"
-    dl.home = home
-    dl.env["DET_LOCAL_HOME"] = str(home)
-    try:
-        dl.daemon_start(
-            {"resource_pools": {"hpc": {"slurm": {"partition": "debug"}}}},
-            SLURM_CONF=str(slurm.conf),
-        )
-        yield Shared(dl, home, out)
-    finally:
-        kill_home_processes(home)
-        shutil.rmtree(base, ignore_errors=True)
+def shared(pool_daemon: Shared) -> Shared:
+    """The folder's root daemon with a Slurm pool (tests/slurm/conftest.py)."""
+    return pool_daemon
 
 
 def test_a_users_trial_is_their_slurm_job(shared: Shared, slurm: slurmkit.Slurm) -> None:
