@@ -496,6 +496,8 @@ def main() -> None:
 
     import det_local.client.control  # noqa: F401
     import det_local.sched.intake.inotify  # noqa: F401
+    import det_local.store.db  # noqa: F401  (api opens it lazily: sqlite3 under root's 0700 home)
+    import det_local.views.experiments  # noqa: F401  (the prober reads as VICTOR)
     from det_local import api  # noqa: F401
     from det_local.sched.intake import spool  # noqa: F401
 
